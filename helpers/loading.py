@@ -1,0 +1,216 @@
+"""Load Gemma 4 for this course: a quantization choice and a PLE placement.
+
+``ple="cpu"`` keeps the PLE table off the GPU from the first byte: a per-module device map
+(never a ``""`` key), the offload flag bitsandbytes demands for any ``"cpu"`` entry, the
+accelerate offload hook taken off the table, and the lookup run on the CPU so that only
+the gathered rows travel to the GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from pathlib import Path
+
+import torch
+
+from . import memory, models, placement
+from .errors import (
+    BitsandbytesMissingError,
+    CudaUnavailableError,
+    InsufficientGPUMemoryError,
+    InvalidChoiceError,
+)
+
+QUANTS = ("bf16", "nf4", "fp4", "int8")
+PLACEMENTS = ("gpu", "cpu")
+# CUDA context, cuBLAS workspaces and the first activations need room beyond the weights.
+GPU_HEADROOM_BYTES = 600 * 1024**2
+
+
+def _choice(value, allowed, what):
+    if value not in allowed:
+        raise InvalidChoiceError(f"{what}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}.")
+    return value
+
+
+def compute_device(device) -> torch.device:
+    """The device the decoder runs on; a clear error when CUDA is asked for but absent."""
+    resolved = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CudaUnavailableError(
+                "CUDA is not available on this machine: pass device='cpu' (slow, for practice on the tiny model), "
+                "or on Colab choose Runtime > Change runtime type > T4 GPU."
+            )
+        index = resolved.index if resolved.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise CudaUnavailableError(
+                f"There is no cuda:{index}; this machine has {torch.cuda.device_count()} GPU(s): pass device=0."
+            )
+        resolved = torch.device("cuda", index)
+    return resolved
+
+
+def require_bitsandbytes(quant: str) -> None:
+    if quant != "bf16" and importlib.util.find_spec("bitsandbytes") is None:
+        raise BitsandbytesMissingError(
+            f"quant={quant!r} needs bitsandbytes, which is not installed: run `pip install bitsandbytes` "
+            f"and restart the kernel, or load with quant='bf16'."
+        )
+
+
+def quantization_config(quant: str, *, cpu_entries: bool = False, keep_bf16=(), compute_dtype=torch.bfloat16):
+    """The ``BitsAndBytesConfig`` for a quant choice (``None`` for bf16).
+
+    ``cpu_entries``: the device map sends a module to the CPU, which bitsandbytes refuses
+    unless ``llm_int8_enable_fp32_cpu_offload`` is set (it only keeps those modules
+    unquantized; the PLE table is an embedding and is never quantized anyway).
+    ``keep_bf16``: extra modules to leave unquantized. ``llm_int8_skip_modules`` replaces
+    transformers' default list, so ``lm_head`` is added back here.
+    """
+    from transformers import BitsAndBytesConfig
+
+    _choice(quant, QUANTS, "quant")
+    if quant == "bf16":
+        return None
+    skip = None
+    if keep_bf16:
+        skip = list(dict.fromkeys(["lm_head", *keep_bf16]))
+    if quant == "int8":
+        return BitsAndBytesConfig(
+            load_in_8bit=True, llm_int8_enable_fp32_cpu_offload=cpu_entries, llm_int8_skip_modules=skip
+        )
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=quant,
+        bnb_4bit_compute_dtype=compute_dtype,
+        llm_int8_enable_fp32_cpu_offload=cpu_entries,
+        llm_int8_skip_modules=skip,
+    )
+
+
+def gpu_budget_bytes(device: torch.device) -> int:
+    """Bytes this process may still allocate on ``device``, honouring a per-process memory fraction."""
+    free, total = torch.cuda.mem_get_info(device)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if get_fraction is not None:
+        capped = int(get_fraction(device) * total) - torch.cuda.memory_reserved(device)
+        free = min(free, capped)
+    return free
+
+
+def check_fits(estimate: memory.WeightEstimate, device: torch.device, quant: str, ple: str) -> None:
+    if device.type != "cuda":
+        return
+    budget = gpu_budget_bytes(device)
+    needed = estimate.gpu_bytes + GPU_HEADROOM_BYTES
+    if needed > budget:
+        hints = []
+        if ple == "gpu" and estimate.cpu_bytes == 0:
+            hints.append("ple='cpu'")
+        if quant in ("bf16", "int8"):
+            hints.append("quant='nf4'")
+        fix = " or ".join(hints) if hints else "a larger GPU"
+        raise InsufficientGPUMemoryError(
+            f"quant={quant!r} with ple={ple!r} needs about {needed / 1e9:.1f} GB on {device} (weights "
+            f"{estimate.gpu_bytes / 1e9:.1f} GB + {GPU_HEADROOM_BYTES / 1e9:.1f} GB headroom) but only "
+            f"{budget / 1e9:.1f} GB is free: use {fix}."
+        )
+
+
+def auto_class_for(config):
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+
+
+def load_model(
+    source=None,
+    quant: str = "nf4",
+    ple: str = "cpu",
+    device=0,
+    *,
+    keep_bf16=(),
+    device_map: dict | None = None,
+    check_memory: bool = True,
+    **from_pretrained_kwargs,
+):
+    """Load a Gemma 4 checkpoint for this course.
+
+    ``source``: hub id, folder or synthetic name (default ``$GEMMA_MODEL`` or ``tiny``).
+    ``quant``: ``bf16``, ``nf4``, ``fp4`` or ``int8``. ``ple``: ``gpu`` or ``cpu``.
+    ``device``: the GPU index, or ``"cpu"`` to run everything on the CPU.
+    ``device_map``: your own map instead of the course's (checked: every key must match a module).
+    """
+    from transformers import AutoConfig
+
+    _choice(quant, QUANTS, "quant")
+    _choice(ple, PLACEMENTS, "ple")
+    target = compute_device(device)
+    require_bitsandbytes(quant)
+    path = models.resolve(source)
+    config = AutoConfig.from_pretrained(path)
+    skeleton = memory.meta_model(config)
+    if ple == "cpu":
+        placement.require_ple(skeleton)
+    if device_map is None:
+        device_map = (
+            placement.ple_device_map(skeleton, _map_value(target))
+            if ple == "cpu"
+            else {"": _map_value(target)}
+        )
+    else:
+        placement.validate_device_map(skeleton, device_map)
+    cpu_entries = target.type == "cuda" and "cpu" in set(device_map.values())
+    if check_memory:
+        estimate = memory.weight_bytes(skeleton, quant, ple if cpu_entries or target.type == "cuda" else "gpu", keep_bf16)
+        check_fits(estimate, target, quant, ple)
+    del skeleton
+    kwargs = dict(dtype=torch.bfloat16, device_map=device_map)
+    quant_config = quantization_config(quant, cpu_entries=cpu_entries, keep_bf16=keep_bf16)
+    if quant_config is not None:
+        kwargs["quantization_config"] = quant_config
+    kwargs.update(from_pretrained_kwargs)
+    try:
+        model = auto_class_for(config).from_pretrained(path, **kwargs)
+    except torch.OutOfMemoryError:
+        raise InsufficientGPUMemoryError(
+            f"Ran out of GPU memory while loading {path.name} with quant={quant!r}, ple={ple!r}: "
+            f"try ple='cpu' and quant='nf4', close other notebooks, or restart the kernel to free memory."
+        ) from None
+    model.eval()
+    if ple == "cpu":
+        placement.offload_ple(model, target) if target.type != "cuda" else _install_lookups(model, target)
+    return model
+
+
+def _map_value(device: torch.device):
+    return device.index if device.type == "cuda" else str(device)
+
+
+def _install_lookups(model, target: torch.device) -> None:
+    for name in placement.require_ple(model):
+        placement.install_cpu_lookup(model.get_submodule(name), target)
+
+
+def load_processor(source=None):
+    """The checkpoint's processor (``AutoProcessor``); the tokenizer where the processor cannot be built.
+
+    Gemma 4's processor includes a video processor that needs torchvision. Without it, the
+    tokenizer and its chat template still serve text chat, and a warning says so.
+    """
+    from transformers import AutoProcessor, AutoTokenizer
+
+    path = models.resolve(source)
+    has_processor = (Path(path) / "processor_config.json").is_file()
+    if has_processor:
+        try:
+            return AutoProcessor.from_pretrained(path)
+        except (ImportError, AttributeError, ValueError, RuntimeError) as err:
+            warnings.warn(
+                f"Could not build the full Gemma 4 processor ({type(err).__name__}); returning the tokenizer, "
+                f"which handles text chat. For images, audio and video: pip install torchvision (matching your torch).",
+                stacklevel=2,
+            )
+    return AutoTokenizer.from_pretrained(path)

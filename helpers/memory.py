@@ -1,0 +1,75 @@
+"""How many bytes the weights take on the GPU, before anything is loaded.
+
+Sizes come from a model built on the ``meta`` device (no memory for weights) and
+accelerate's own ``compute_module_sizes``; quantized linear layers are then counted at
+their packed size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .placement import PLE_SUFFIX, part_of
+
+# bytes per weight element, including bitsandbytes' per-block statistics
+# (4-bit: one fp32 absmax per 64 weights; 8-bit: one fp32 scale per output row, ignored)
+QUANT_BYTES_PER_WEIGHT = {"bf16": 2.0, "nf4": 0.5 + 4 / 64, "fp4": 0.5 + 4 / 64, "int8": 1.0}
+NOT_QUANTIZED_BY_DEFAULT = ("lm_head",)
+
+
+@dataclass
+class WeightEstimate:
+    gpu_bytes: int
+    cpu_bytes: int
+    by_part: dict = field(default_factory=dict)  # part -> bytes on the GPU
+
+    def __str__(self) -> str:
+        return f"weights: {self.gpu_bytes / 1e9:.2f} GB on GPU, {self.cpu_bytes / 1e9:.2f} GB on CPU"
+
+
+def meta_model(config):
+    """The model for ``config`` on the meta device: names and shapes, no memory."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+    with init_empty_weights(include_buffers=False):
+        return auto.from_config(config)
+
+
+def _is_quantized_linear_weight(module_name: str, module, tensor_name: str, skip: tuple) -> bool:
+    if tensor_name != "weight" or not isinstance(module, torch.nn.Linear):
+        return False
+    return not any(module_name == s or module_name.endswith("." + s) or module_name.startswith(s) for s in skip)
+
+
+def weight_bytes(model, quant: str = "nf4", ple: str = "cpu", keep_bf16=()) -> WeightEstimate:
+    """Predict the GPU and CPU bytes of the weights for a quantization and PLE placement."""
+    from accelerate.utils import compute_module_sizes
+
+    per_element = QUANT_BYTES_PER_WEIGHT[quant]
+    skip = tuple(NOT_QUANTIZED_BY_DEFAULT) + tuple(keep_bf16)
+    sizes = compute_module_sizes(model, dtype=torch.bfloat16)
+    gpu = cpu = 0
+    by_part: dict = {}
+    seen: set = set()
+    for module_name, module in model.named_modules():
+        for tensor_name, tensor in list(module.named_parameters(recurse=False)) + list(
+            module.named_buffers(recurse=False)
+        ):
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            full = f"{module_name}.{tensor_name}" if module_name else tensor_name
+            size = sizes[full]
+            if quant != "bf16" and _is_quantized_linear_weight(module_name, module, tensor_name, skip):
+                size = int(tensor.numel() * per_element)
+            if ple == "cpu" and module_name.split(".")[-1] == PLE_SUFFIX:
+                cpu += size
+                continue
+            gpu += size
+            part = part_of(full)
+            by_part[part] = by_part.get(part, 0) + size
+    return WeightEstimate(gpu_bytes=gpu, cpu_bytes=cpu, by_part=by_part)

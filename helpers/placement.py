@@ -1,0 +1,278 @@
+"""Device maps, the PLE offload, and placement reports.
+
+The Per-Layer-Embedding table (``embed_tokens_per_layer``) is a lookup: each forward reads
+only the rows of the tokens in the batch. Keeping the table in CPU memory and moving just
+the gathered rows to the GPU gives the same numbers bit for bit, at a fraction of the memory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import DeviceMapKeyError, NoPLETableError
+
+PLE_SUFFIX = "embed_tokens_per_layer"
+PEFT_PREFIX = "base_model.model."
+
+
+# ---------------------------------------------------------------- finding modules
+
+def ple_module_names(model) -> list[str]:
+    """Names of the PLE tables, found by suffix so PEFT wrappers and other prefixes still match."""
+    return [name for name, _ in model.named_modules() if name.split(".")[-1] == PLE_SUFFIX]
+
+
+def require_ple(model) -> list[str]:
+    names = ple_module_names(model)
+    if not names:
+        raise NoPLETableError(
+            f"{type(model).__name__} has no `{PLE_SUFFIX}` module, so there is no PLE table to move; "
+            f"load it with ple='gpu' (only Gemma 4 E2B/E4B-style models have one)."
+        )
+    return names
+
+
+# ---------------------------------------------------------------- device maps
+
+def modules_matched_by(key: str, module_names) -> list[str]:
+    """What transformers places with a device-map key: every module whose name starts with it.
+
+    The match is a plain string prefix, so ``...embed_tokens`` also catches
+    ``...embed_tokens_per_layer``.
+    """
+    if key == "":
+        return list(module_names)
+    return [name for name in module_names if name.startswith(key)]
+
+
+def validate_device_map(model, device_map: dict, *, allow_broad_prefix: bool = False) -> None:
+    """Refuse keys that match no module (transformers ignores them silently) and, unless
+    allowed, keys that catch modules outside their own subtree."""
+    names = [name for name, _ in model.named_modules() if name]
+    for key in device_map:
+        matched = modules_matched_by(key, names)
+        if not matched:
+            closest = difflib.get_close_matches(key, names, n=1, cutoff=0.0)
+            hint = f" Did you mean {closest[0]!r}?" if closest else ""
+            raise DeviceMapKeyError(
+                f"device_map key {key!r} matches no module of {type(model).__name__}, so transformers would "
+                f"ignore it.{hint}"
+            )
+        if key and not allow_broad_prefix:
+            outside = [n for n in matched if n != key and not n.startswith(key + ".")]
+            if outside:
+                raise DeviceMapKeyError(
+                    f"device_map key {key!r} also catches {outside[0]!r} (keys match by string prefix); "
+                    f"use the full module names instead."
+                )
+
+
+def ple_device_map(model, compute_device, ple_device="cpu") -> dict:
+    """A per-module map: the PLE table on ``ple_device``, every other part on ``compute_device``.
+
+    Never a ``""`` key: that would place the whole model, PLE included, on the GPU while
+    loading. The map names the siblings along the path to each PLE table, so every
+    parameter is covered and nothing else moves.
+    """
+    targets = require_ple(model)
+    device_map: dict = {}
+    covered_paths = set()
+    for target in targets:
+        parts = target.split(".")
+        for depth in range(len(parts)):
+            parent_name = ".".join(parts[:depth])
+            parent = model.get_submodule(parent_name) if parent_name else model
+            on_path = ".".join(parts[: depth + 1])
+            covered_paths.add(parent_name)
+            for child_name, _ in parent.named_children():
+                full = f"{parent_name}.{child_name}" if parent_name else child_name
+                if full != on_path and full not in device_map:
+                    device_map[full] = compute_device
+            for tensor_name, _ in list(parent.named_parameters(recurse=False)) + list(
+                parent.named_buffers(recurse=False)
+            ):
+                full = f"{parent_name}.{tensor_name}" if parent_name else tensor_name
+                device_map.setdefault(full, compute_device)
+        device_map[target] = ple_device
+    for path in covered_paths:  # a parent on some PLE's path is not a leaf of the map
+        device_map.pop(path, None)
+    return device_map
+
+
+# ---------------------------------------------------------------- the CPU lookup
+
+def _cpu_lookup_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    """Gather rows on the CPU, move only those rows, scale on the compute device.
+
+    The GPU path computes ``embedding(ids, W) * scale`` on the GPU. A gather copies rows
+    exactly, and the scale is applied on the same device as before, so the result is bit
+    for bit the same.
+    """
+    rows = torch.nn.functional.embedding(input_ids.to(self.weight.device), self.weight, self.padding_idx)
+    target = self._ple_compute_device
+    if target.type == "cuda":
+        rows = rows.pin_memory().to(target, non_blocking=True)
+    else:
+        rows = rows.to(target)
+    scale = self._ple_scale
+    return rows if scale is None else rows * scale
+
+
+def install_cpu_lookup(module, compute_device) -> None:
+    """Make one embedding module look up on the CPU and return rows on ``compute_device``."""
+    from accelerate.hooks import remove_hook_from_module
+
+    if hasattr(module, "_hf_hook"):
+        # accelerate's offload hook keeps the weight on `meta` and would copy the whole table
+        # to the GPU at every forward; detaching it restores the weight to the CPU.
+        remove_hook_from_module(module)
+    compute_device = torch.device(compute_device)
+    with torch.no_grad():
+        if module.weight.device.type != "cpu":
+            module.weight.data = module.weight.data.to("cpu")
+        buffer = getattr(module, "embed_scale", None)
+        module._ple_scale = None if buffer is None else buffer.to(compute_device).to(module.weight.dtype)
+    module._ple_compute_device = compute_device
+    module.forward = types.MethodType(_cpu_lookup_forward, module)
+
+
+def has_cpu_lookup(module) -> bool:
+    return getattr(module, "_ple_compute_device", None) is not None
+
+
+def compute_device_of(model) -> torch.device:
+    """Where the decoder layers run (the first parameter that is not the PLE table)."""
+    for name, param in model.named_parameters():
+        if PLE_SUFFIX not in name and param.device.type != "meta":
+            return param.device
+    return torch.device("cpu")
+
+
+class ReservedMemoryNotice(UserWarning):
+    """The caching allocator keeps memory reserved after a tensor leaves the GPU."""
+
+
+def offload_ple(model, compute_device=None, *, release_cached: bool = False):
+    """Move the PLE table(s) of an already loaded model to the CPU and look up there.
+
+    Works on any model holding modules named ``*embed_tokens_per_layer`` (PEFT-wrapped too).
+    The freed memory stays *reserved* by PyTorch's caching allocator: it is free for
+    PyTorch to reuse but ``nvidia-smi`` still counts it. Pass ``release_cached=True`` to hand
+    it back to the driver with ``torch.cuda.empty_cache()``.
+    """
+    names = require_ple(model)
+    compute_device = torch.device(compute_device) if compute_device is not None else compute_device_of(model)
+    for name in names:
+        install_cpu_lookup(model.get_submodule(name), compute_device)
+    if compute_device.type == "cuda":
+        if release_cached:
+            torch.cuda.empty_cache()
+        else:
+            reserved = torch.cuda.memory_reserved(compute_device)
+            allocated = torch.cuda.memory_allocated(compute_device)
+            warnings.warn(
+                f"The PLE table left the GPU, but PyTorch's caching allocator still reserves "
+                f"{reserved / 1e9:.2f} GB ({allocated / 1e9:.2f} GB allocated); nvidia-smi shows the reserved "
+                f"figure. Call torch.cuda.empty_cache() or offload_ple(..., release_cached=True) to return it.",
+                ReservedMemoryNotice,
+                stacklevel=2,
+            )
+    return model
+
+
+# ---------------------------------------------------------------- reports
+
+def part_of(name: str) -> str:
+    """The course's coarse part for a parameter name (decoder layers, PLE, towers, ...)."""
+    if name.startswith(PEFT_PREFIX):
+        name = name[len(PEFT_PREFIX):]
+    parts = name.split(".")
+    if "language_model" in parts:
+        i = parts.index("language_model")
+        return ".".join(parts[: i + 2])
+    return ".".join(parts[:2])
+
+
+def _where(module, tensor_name: str, tensor: torch.Tensor) -> str:
+    hook = getattr(module, "_hf_hook", None)
+    if getattr(hook, "offload", False):
+        return f"cpu (offload hook: copied to {hook.execution_device} at every forward)"
+    if has_cpu_lookup(module) and tensor_name == "weight":
+        return f"cpu (lookup on cpu, rows to {module._ple_compute_device})"
+    return str(tensor.device)
+
+
+@dataclass
+class PlacementReport:
+    """Bytes per device for each part of a model; works whether or not ``hf_device_map`` exists."""
+
+    model_class: str
+    parts: dict = field(default_factory=dict)  # part -> {where: bytes}
+    hf_device_map: dict | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "model_class": self.model_class,
+            "parts": {part: dict(where) for part, where in self.parts.items()},
+            "bytes_by_device": self.bytes_by_device(),
+            "hf_device_map": self.hf_device_map,
+        }
+
+    def bytes_by_device(self) -> dict:
+        totals: dict = defaultdict(int)
+        for where in self.parts.values():
+            for place, size in where.items():
+                totals[place.split(" ")[0]] += size
+        return dict(totals)
+
+    def device_of(self, part_suffix: str) -> set:
+        return {place for part, where in self.parts.items() if part.endswith(part_suffix) for place in where}
+
+    def __str__(self) -> str:
+        width = max((len(p) for p in self.parts), default=4)
+        lines = [f"{self.model_class}: where each part lives", f"{'part':<{width}}  {'GB':>7}  device"]
+        for part, where in self.parts.items():
+            for place, size in where.items():
+                lines.append(f"{part:<{width}}  {size / 1e9:7.3f}  {place}")
+        totals = ", ".join(f"{d}: {b / 1e9:.3f} GB" for d, b in self.bytes_by_device().items())
+        lines.append(f"total by device: {totals}")
+        if self.hf_device_map is None:
+            lines.append("(model.hf_device_map is absent: transformers sets it only for per-module maps)")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+
+def report(model) -> PlacementReport:
+    """Where each top-level part lives, in bytes per device; tied weights are counted once."""
+    seen: set = set()
+    parts: dict = defaultdict(lambda: defaultdict(int))
+    for module_name, module in model.named_modules():
+        tensors = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+        for tensor_name, tensor in tensors:
+            if tensor is None:
+                continue
+            key = id(tensor) if tensor.device.type == "meta" else (tensor.device, tensor.data_ptr())
+            if key in seen:
+                continue
+            seen.add(key)
+            full = f"{module_name}.{tensor_name}" if module_name else tensor_name
+            size = tensor.numel() * tensor.element_size()
+            hook = getattr(module, "_hf_hook", None)
+            if tensor.device.type == "meta" and getattr(hook, "offload", False):
+                stored = hook.weights_map.get(tensor_name) if hook.weights_map is not None else None
+                if stored is not None:
+                    size = stored.numel() * stored.element_size()
+            parts[part_of(full)][_where(module, tensor_name, tensor)] += size
+    return PlacementReport(
+        model_class=type(model).__name__,
+        parts={p: dict(w) for p, w in parts.items()},
+        hf_device_map=getattr(model, "hf_device_map", None),
+    )
