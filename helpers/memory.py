@@ -36,7 +36,9 @@ def meta_model(config):
 
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
     with init_empty_weights(include_buffers=False):
-        return auto.from_config(config)
+        model = auto.from_config(config)
+    model.tie_weights()  # on meta, from_config leaves lm_head untied; the checkpoint shares it
+    return model
 
 
 def _is_quantized_linear_weight(module_name: str, module, tensor_name: str, skip: tuple) -> bool:

@@ -1,0 +1,178 @@
+"""Measure one placement route in this process: memory after load, peak during load and
+prefill, greedy tokens and their hash. Run each route in a fresh process so that peaks and
+out-of-memory errors cannot leak into the next one:
+
+    python -m helpers.measure --model e4b-shape --quant nf4 --route ple-cpu --json out.json
+
+Routes:
+  ple-gpu        the course loader, ``ple="gpu"`` (``device_map={"": 0}``)
+  ple-cpu        the course loader, ``ple="cpu"`` (per-module map, hook removed, CPU lookup)
+  post-load      ``ple="gpu"``, then ``placement.offload_ple`` on the loaded model
+  cpu-entry      the naive route: a per-module map with the PLE on ``"cpu"`` and the offload
+                 flag, accelerate's hook left in place
+  no-flag        the same map without ``llm_int8_enable_fp32_cpu_offload`` (bitsandbytes refuses)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag")
+PROMPT_TEXT = "The per-layer embedding table is a lookup, so only the rows of these tokens are read. "
+
+
+def prompt_ids(tokenizer, length: int, device) -> torch.Tensor:
+    """Exactly ``length`` token ids from a fixed text (works for real and synthetic tokenizers)."""
+    ids = tokenizer(PROMPT_TEXT, add_special_tokens=False)["input_ids"]
+    repeated = (ids * (length // max(len(ids), 1) + 1))[: length - 1]
+    return torch.tensor([[tokenizer.bos_token_id, *repeated]], device=device)
+
+
+def _gpu_memory(device) -> dict:
+    return {
+        "allocated_bytes": torch.cuda.memory_allocated(device),
+        "reserved_bytes": torch.cuda.memory_reserved(device),
+        "peak_bytes": torch.cuda.max_memory_allocated(device),
+    }
+
+
+def _load(route: str, source, quant: str, device: int):
+    from . import loading, memory, placement
+    from transformers import AutoConfig
+
+    if route in ("ple-gpu", "ple-cpu"):
+        return loading.load_model(source, quant=quant, ple=route.split("-")[1], device=device)
+    if route == "post-load":
+        model = loading.load_model(source, quant=quant, ple="gpu", device=device)
+        return placement.offload_ple(model, torch.device("cuda", device))
+    path = loading.models.resolve(source)
+    config = AutoConfig.from_pretrained(path)
+    device_map = placement.ple_device_map(memory.meta_model(config), device)
+    qc = loading.quantization_config(quant, cpu_entries=(route == "cpu-entry"))
+    kwargs = {"quantization_config": qc} if qc is not None else {}
+    return loading.auto_class_for(config).from_pretrained(path, dtype=torch.bfloat16, device_map=device_map, **kwargs)
+
+
+def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int = 256, contexts=(), card_gb=None):
+    from . import loading, placement
+
+    if card_gb is not None:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, card_gb * 1e9 / total), device)
+    record = {"route": route, "quant": quant, "model": str(source), "card_gb": card_gb}
+    torch.cuda.reset_peak_memory_stats(device)
+    started = time.perf_counter()
+    try:
+        model = _load(route, source, quant, device)
+    except (ValueError, RuntimeError) as err:
+        record["load_error"] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+        return record
+    torch.cuda.synchronize(device)
+    record["load_s"] = round(time.perf_counter() - started, 2)
+    after_load = _gpu_memory(device)
+    record.update(
+        resident_bytes=after_load["allocated_bytes"],
+        reserved_bytes=after_load["reserved_bytes"],
+        peak_load_bytes=after_load["peak_bytes"],
+        placement=placement.report(model).as_dict()["bytes_by_device"],
+    )
+    tokenizer = loading.load_processor(source)
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+    cuda = torch.device("cuda", device)
+
+    record["prefill"] = []
+    for context in contexts:
+        ids = prompt_ids(tokenizer, context, cuda)
+        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            with torch.no_grad():
+                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
+            torch.cuda.synchronize(device)
+            record["prefill"].append({"context": context, "peak_bytes": torch.cuda.max_memory_allocated(device)})
+        except torch.OutOfMemoryError:
+            record["prefill"].append({"context": context, "oom": True})
+        torch.cuda.empty_cache()
+
+    if new_tokens:
+        ids = prompt_ids(tokenizer, 32, cuda)
+        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+            )
+        torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - started
+        tokens = out[0, ids.shape[1]:].tolist()
+        record.update(
+            greedy_tokens=tokens,
+            greedy_sha256=hashlib.sha256(json.dumps(tokens).encode()).hexdigest(),
+            seconds_per_token=round(elapsed / len(tokens), 4),
+            peak_generate_bytes=torch.cuda.max_memory_allocated(device),
+        )
+    return record
+
+
+def environment() -> dict:
+    import accelerate
+    import transformers
+
+    try:
+        import bitsandbytes
+
+        bnb = bitsandbytes.__version__
+    except ImportError:
+        bnb = None
+    gpu = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": gpu.name,
+        "gpu_total_bytes": gpu.total_memory,
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "accelerate": accelerate.__version__,
+            "bitsandbytes": bnb,
+        },
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="hub id, folder or synthetic name (default $GEMMA_MODEL or tiny)")
+    parser.add_argument("--quant", default="nf4")
+    parser.add_argument("--route", choices=ROUTES, required=True)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--context", type=int, action="append", default=[], help="prefill length (repeatable)")
+    parser.add_argument("--card-gb", type=float, default=None, help="simulate a card of this many GB")
+    parser.add_argument("--json", type=Path, required=True, help="where to write the record")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("helpers.measure needs a CUDA GPU; run it on a GPU machine (or Colab with a GPU runtime).")
+        return 2
+    record = measure(
+        args.model, args.quant, args.route, new_tokens=args.new_tokens, contexts=args.context, card_gb=args.card_gb
+    )
+    record.update(environment(), command=" ".join(["python -m helpers.measure", *(argv or sys.argv[1:])]))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(record, indent=1))
+    summary = {k: v for k, v in record.items() if k not in ("greedy_tokens", "versions")}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

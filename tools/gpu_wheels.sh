@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Wheels for a GPU box that has torch and accelerate but no registry (see README, "GPU tier").
+# Writes .whl/ (git-ignored): transformers and bitsandbytes for Python 3.12, with every
+# bitsandbytes library but cuda130 and cpu stripped to stay small.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .whl
+platforms=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 any)
+args=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d .whl)
+for p in "${platforms[@]}"; do args+=(--platform "$p"); done
+python3 -m pip download -q "${args[@]}" transformers==5.24.0 bitsandbytes==0.50.2
+work=$(mktemp -d)
+wheel=$(ls .whl/bitsandbytes-*.whl)
+(cd "$work" && unzip -q "$OLDPWD/$wheel" && find . -name '*.so' ! -name '*cuda130*' ! -name '*_cpu*' -delete \
+  && python3 - <<'PY'
+import glob, os
+record = glob.glob("*.dist-info/RECORD")[0]
+kept = [l for l in open(record) if not l.split(",")[0].endswith(".so") or os.path.exists(l.split(",")[0])]
+open(record, "w").writelines(kept)
+PY
+)
+rm "$wheel" && (cd "$work" && zip -qr "$OLDPWD/$wheel" .) && rm -rf "$work"
+ls -la .whl
