@@ -64,6 +64,8 @@ def _load(route: str, source, quant: str, device: int):
 def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int = 256, contexts=(), card_gb=None):
     from . import loading, placement
 
+    torch.cuda.init()
+    index, device = device, torch.device("cuda", device)
     if card_gb is not None:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, card_gb * 1e9 / total), device)
@@ -71,7 +73,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
     torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
     try:
-        model = _load(route, source, quant, device)
+        model = _load(route, source, quant, index)
     except (ValueError, RuntimeError) as err:
         record["load_error"] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
         return record
@@ -86,7 +88,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
     )
     tokenizer = loading.load_processor(source)
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
-    cuda = torch.device("cuda", device)
+    cuda = device
 
     record["prefill"] = []
     for context in contexts:

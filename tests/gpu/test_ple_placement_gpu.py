@@ -40,14 +40,16 @@ def routes(tmp_path_factory):
             target = out / f"{route}.json"
             cmd = [sys.executable, "-m", "helpers.measure", "--model", MODEL, "--quant", QUANT, "--route", route,
                    "--new-tokens", str(NEW_TOKENS), *ROUTE_ARGS[route], "--json", str(target)]
-            subprocess.run(cmd, check=True, timeout=540)
-            cache[route] = json.loads(target.read_text())
+            done = subprocess.run(cmd, timeout=540)
+            cache[route] = json.loads(target.read_text()) if done.returncode == 0 else None
+        if cache[route] is None:
+            pytest.fail(f"route {route} crashed; run the helpers.measure command above to see why")
         return cache[route]
 
     yield run
     if os.environ.get("GPU_RECORD") == "1" and cache:
         RECORD_DIR.mkdir(parents=True, exist_ok=True)
-        for record in cache.values():
+        for record in filter(None, cache.values()):
             if "greedy_tokens" in record:
                 record["greedy_tokens_first_16"] = record.pop("greedy_tokens")[:16]
         (RECORD_DIR / f"{MODEL}-{QUANT}.json").write_text(json.dumps(cache, indent=1, sort_keys=True))
