@@ -1,0 +1,119 @@
+import json
+
+import pytest
+import torch
+
+from helpers import synthetic
+from helpers.errors import InvalidChoiceError
+
+
+def test_tiny_round_trips_through_from_pretrained_with_same_names_shapes_and_values(tiny_path):
+    from safetensors.torch import load_file
+    from transformers import Gemma4ForConditionalGeneration
+
+    model = Gemma4ForConditionalGeneration.from_pretrained(tiny_path, dtype=torch.bfloat16)
+    saved = load_file(tiny_path / "model.safetensors")
+    state = model.state_dict()
+    assert saved, "no tensors saved"
+    for name, tensor in saved.items():
+        assert name in state, name
+        assert torch.equal(state[name], tensor), name
+    assert "model.language_model.embed_tokens_per_layer.weight" in saved
+
+
+def test_tiny_keeps_every_structural_feature_of_e4b():
+    config = synthetic.gemma4_config("tiny")
+    text = config.get_text_config()
+    assert text.hidden_size_per_layer_input > 0  # PLE
+    assert text.num_kv_shared_layers > 0  # KV sharing...
+    shared = text.layer_types[-text.num_kv_shared_layers:]
+    assert set(shared) == {"sliding_attention", "full_attention"}  # ...over both attention types
+    raw_text = synthetic.config_dict("tiny")["text_config"]
+    assert raw_text["global_head_dim"] != raw_text["head_dim"]  # full layers have wider heads
+    assert config.vision_config is not None and config.audio_config is not None
+    assert text.tie_word_embeddings
+
+
+def test_e4b_shape_has_the_reference_parameter_count_and_ple_shape():
+    from helpers.memory import meta_model
+
+    model = meta_model(synthetic.gemma4_config("e4b-shape"))
+    unique = {id(p): p for p in model.parameters()}
+    assert sum(p.numel() for p in unique.values()) == 7_941_100_832  # FINDINGS.md, real E4B shapes
+    ple = model.get_submodule("model.language_model.embed_tokens_per_layer")
+    assert tuple(ple.weight.shape) == (262144, 42 * 256)
+
+
+def test_interrupted_build_leaves_nothing_a_loader_could_mistake_for_a_checkpoint(tmp_path, monkeypatch):
+    from transformers import Gemma4ForConditionalGeneration
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Gemma4ForConditionalGeneration, "save_pretrained", crash)
+    dest = tmp_path / "ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        synthetic.build("tiny", dest, progress=False)
+    assert not dest.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_finished_build_is_reused_not_rebuilt(tmp_path):
+    dest = synthetic.build("tiny", tmp_path / "a", progress=False)
+    stamp = (dest / "model.safetensors").stat().st_mtime_ns
+    assert synthetic.build("tiny", dest, progress=False) == dest
+    assert (dest / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_build_refuses_to_write_into_a_foreign_non_empty_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(InvalidChoiceError, match="not a synthetic checkpoint"):
+        synthetic.build("tiny", tmp_path, progress=False)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_same_seed_gives_identical_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    a = load_file(synthetic.build("tiny", tmp_path / "a", progress=False) / "model.safetensors")
+    b = load_file(synthetic.build("tiny", tmp_path / "b", progress=False) / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_synthetic_tokenizer_puts_special_tokens_at_the_config_ids(tiny_tokenizer):
+    config = synthetic.gemma4_config("tiny")
+    assert tiny_tokenizer.convert_tokens_to_ids("<|image|>") == config.image_token_id
+    assert tiny_tokenizer.convert_tokens_to_ids("<turn|>") == config.eos_token_id[-1]
+    text = "Grüße, 世界!"
+    assert tiny_tokenizer.decode(tiny_tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_chat_template_takes_list_content_as_the_multimodal_processor_requires(tiny_tokenizer):
+    as_list = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    as_str = [{"role": "user", "content": "hi"}]
+    rendered = tiny_tokenizer.apply_chat_template(as_list, add_generation_prompt=True, tokenize=False)
+    assert rendered == tiny_tokenizer.apply_chat_template(as_str, add_generation_prompt=True, tokenize=False)
+    assert rendered.endswith("<|turn>model\n") and "hi<turn|>" in rendered
+
+
+@pytest.mark.skipif(not synthetic.torchvision_available(), reason="Gemma 4's processor needs torchvision")
+def test_autoprocessor_loads_the_synthetic_processor_and_applies_the_chat_template(tiny_path):
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(tiny_path)
+    out = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt",
+    )
+    assert out["input_ids"].shape[0] == 1
+
+
+def test_build_marker_records_seed_and_config_fingerprint(tiny_path):
+    marker = json.loads((tiny_path / synthetic.COMPLETE_MARKER).read_text())
+    assert marker["seed"] == synthetic.DEFAULT_SEED
+    assert marker["config_sha256_12"] == synthetic.config_fingerprint(synthetic.gemma4_config("tiny"))
+
+
+def test_unknown_shape_names_the_choices():
+    with pytest.raises(InvalidChoiceError, match="tiny, e2b-shape, e4b-shape"):
+        synthetic.build("e8b-shape")
