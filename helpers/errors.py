@@ -33,5 +33,9 @@ class InsufficientGPUMemoryError(CourseError):
     """The chosen placement does not fit on the card."""
 
 
+class OutdatedTransformersError(CourseError):
+    """A transformers release without Gemma 4."""
+
+
 class InvalidChoiceError(CourseError):
     """An argument outside the choices the course supports."""

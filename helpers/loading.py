@@ -20,12 +20,36 @@ from .errors import (
     CudaUnavailableError,
     InsufficientGPUMemoryError,
     InvalidChoiceError,
+    OutdatedTransformersError,
 )
 
+FIRST_WITH_GEMMA4 = "5.5.0"
+FIRST_WITH_NO_CACHE_FIX = "5.5.2"  # huggingface/transformers#45242, fixed by #45253
 QUANTS = ("bf16", "nf4", "fp4", "int8")
 PLACEMENTS = ("gpu", "cpu")
 # CUDA context, cuBLAS workspaces and the first activations need room beyond the weights.
 GPU_HEADROOM_BYTES = 600 * 1024**2
+
+
+def check_transformers(version: str | None = None) -> None:
+    """Refuse releases without Gemma 4; warn on those whose ``use_cache=False`` path is wrong."""
+    from packaging.version import Version
+
+    if version is None:
+        import transformers
+
+        version = transformers.__version__
+    if Version(version) < Version(FIRST_WITH_GEMMA4):
+        raise OutdatedTransformersError(
+            f"transformers {version} predates Gemma 4: run `pip install -U 'transformers>={FIRST_WITH_NO_CACHE_FIX}'` "
+            f"and restart the kernel."
+        )
+    if Version(version) < Version(FIRST_WITH_NO_CACHE_FIX):
+        warnings.warn(
+            f"transformers {version} computes Gemma 4's KV-shared layers wrongly when use_cache=False "
+            f"(huggingface/transformers#45242), which fine-tuning recipes use: upgrade to >={FIRST_WITH_NO_CACHE_FIX}.",
+            stacklevel=3,
+        )
 
 
 def _choice(value, allowed, what):
@@ -145,6 +169,7 @@ def load_model(
     """
     from transformers import AutoConfig
 
+    check_transformers()
     _choice(quant, QUANTS, "quant")
     _choice(ple, PLACEMENTS, "ple")
     target = compute_device(device)

@@ -36,7 +36,7 @@ def meta_model(config):
 
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
     with init_empty_weights(include_buffers=False):
-        model = auto.from_config(config)
+        model = auto.from_config(config, dtype=torch.bfloat16)  # buffers such as inv_freq stay float32, as when loaded
     model.tie_weights()  # on meta, from_config leaves lm_head untied; the checkpoint shares it
     return model
 
@@ -53,7 +53,7 @@ def weight_bytes(model, quant: str = "nf4", ple: str = "cpu", keep_bf16=()) -> W
 
     per_element = QUANT_BYTES_PER_WEIGHT[quant]
     skip = tuple(NOT_QUANTIZED_BY_DEFAULT) + tuple(keep_bf16)
-    sizes = compute_module_sizes(model, dtype=torch.bfloat16)
+    sizes = compute_module_sizes(model)
     gpu = cpu = 0
     by_part: dict = {}
     seen: set = set()

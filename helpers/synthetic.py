@@ -28,8 +28,7 @@ COMPLETE_MARKER = "synthetic-checkpoint.json"
 DEFAULT_SEED = 0
 
 # A byte-level vocabulary: every text encodes, decoding is exact, no merges file to ship.
-BYTE_TOKENS_START = {"tiny": 16}
-BYTE_TOKENS_START_DEFAULT = 1000
+BYTE_TOKEN_BLOCK_STARTS = (1000, 16)  # first block of 256 free ids that fits the vocabulary
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -122,17 +121,27 @@ def _special_token_ids(config) -> dict[str, int]:
     }
 
 
-def build_tokenizer(config, byte_tokens_start: int):
+def _byte_block_start(special_ids, vocab_size: int) -> int:
+    for start in BYTE_TOKEN_BLOCK_STARTS:
+        block = range(start, start + 256)
+        if block.stop <= vocab_size and not any(i in block for i in special_ids):
+            return start
+    raise InvalidChoiceError(
+        f"vocab_size={vocab_size} leaves no room for 256 byte tokens beside the special tokens; use at least 300."
+    )
+
+
+def build_tokenizer(config):
     """A byte-level tokenizer whose special tokens sit at the ids the config names."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
     from transformers import PreTrainedTokenizerFast
 
     specials = _special_token_ids(config)
+    start = _byte_block_start(specials.values(), config.get_text_config().vocab_size)
     vocab = dict(specials)
     for offset, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet())):
-        vocab[symbol] = byte_tokens_start + offset
-    if max(vocab.values()) >= config.get_text_config().vocab_size:
-        raise InvalidChoiceError("The config's vocab_size is too small for a byte-level synthetic tokenizer.")
+        vocab[symbol] = start + offset
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
@@ -243,8 +252,7 @@ def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = Fa
         model.save_pretrained(staging, max_shard_size="2GB")
         del model
         steps.update()
-        start = BYTE_TOKENS_START.get(shape_name, BYTE_TOKENS_START_DEFAULT)
-        full_processor = save_text_and_media_processors(config, build_tokenizer(config, start), staging)
+        full_processor = save_text_and_media_processors(config, build_tokenizer(config), staging)
         steps.update()
         (staging / COMPLETE_MARKER).write_text(
             json.dumps(

@@ -1,0 +1,106 @@
+"""Bad input gets one clear sentence that names the fix, never a deep traceback."""
+
+import json
+
+import pytest
+import torch
+
+from helpers import loading, memory, synthetic
+from helpers.errors import (
+    BitsandbytesMissingError,
+    CourseError,
+    CudaUnavailableError,
+    DeviceMapKeyError,
+    InsufficientGPUMemoryError,
+    InvalidChoiceError,
+    ModelNotFoundError,
+    NoPLETableError,
+    NotAGemma4CheckpointError,
+    OutdatedTransformersError,
+)
+
+
+def assert_clean(excinfo):
+    err = excinfo.value
+    assert isinstance(err, CourseError)
+    assert err.__cause__ is None and err.__suppress_context__ or err.__context__ is None
+    assert "\n" not in str(err)
+
+
+def test_a_missing_folder_names_what_to_pass_instead(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="existing folder") as excinfo:
+        loading.load_model(str(tmp_path / "nope"), device="cpu")
+    assert_clean(excinfo)
+
+
+def test_an_unknown_hub_id_offline_says_how_to_get_it():
+    with pytest.raises(ModelNotFoundError, match="HF_ENDPOINT") as excinfo:
+        loading.load_model("google/gemma-4-E9B-nonexistent", device="cpu")
+    assert_clean(excinfo)
+
+
+def test_a_folder_without_config_or_of_another_model_is_refused(tmp_path):
+    with pytest.raises(NotAGemma4CheckpointError, match="config.json"):
+        loading.load_model(str(tmp_path), device="cpu")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(NotAGemma4CheckpointError, match="not Gemma 4"):
+        loading.load_model(str(tmp_path), device="cpu")
+
+
+def test_ple_cpu_on_a_model_without_a_ple_table_says_use_ple_gpu(tmp_path):
+    raw = synthetic.config_dict("tiny")
+    raw["text_config"]["hidden_size_per_layer_input"] = 0  # like the larger Gemma 4 models
+    path = synthetic.build(raw, tmp_path / "no-ple", progress=False)
+    with pytest.raises(NoPLETableError, match="ple='gpu'") as excinfo:
+        loading.load_model(str(path), quant="bf16", ple="cpu", device="cpu")
+    assert_clean(excinfo)
+    assert loading.load_model(str(path), quant="bf16", ple="gpu", device="cpu") is not None
+
+
+def test_a_device_map_key_that_matches_no_module_is_refused_before_loading(tiny_path):
+    with pytest.raises(DeviceMapKeyError, match="Did you mean 'lm_head'"):
+        loading.load_model("tiny", quant="bf16", ple="gpu", device="cpu", device_map={"lm_heads": "cpu", "model": "cpu"})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_asking_for_cuda_without_it_says_how_to_get_a_gpu():
+    with pytest.raises(CudaUnavailableError, match="device='cpu'") as excinfo:
+        loading.load_model("tiny", device=0)
+    assert_clean(excinfo)
+
+
+def test_missing_bitsandbytes_says_pip_install_or_bf16(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    with pytest.raises(BitsandbytesMissingError, match="pip install bitsandbytes"):
+        loading.load_model("tiny", quant="nf4", device="cpu")
+    loading.require_bitsandbytes("bf16")  # bf16 needs no bitsandbytes
+
+
+def test_not_enough_gpu_memory_is_said_before_loading_with_the_fix(monkeypatch):
+    estimate = memory.weight_bytes(memory.meta_model(synthetic.gemma4_config("e4b-shape")), "nf4", "gpu")
+    monkeypatch.setattr(loading, "gpu_budget_bytes", lambda device: int(7.5e9))  # an 8 GB card, in use
+    with pytest.raises(InsufficientGPUMemoryError, match="ple='cpu'") as excinfo:
+        loading.check_fits(estimate, torch.device("cuda", 0), "nf4", "gpu")
+    assert "9.5" in str(excinfo.value) or "10.1" in str(excinfo.value)
+    on_cpu = memory.weight_bytes(memory.meta_model(synthetic.gemma4_config("e4b-shape")), "nf4", "cpu")
+    loading.check_fits(on_cpu, torch.device("cuda", 0), "nf4", "cpu")  # fits once the PLE is on the CPU
+
+
+@pytest.mark.parametrize("kwargs", [{"quant": "q4_k_m"}, {"ple": "disk"}])
+def test_an_unsupported_choice_lists_the_supported_ones(kwargs):
+    with pytest.raises(InvalidChoiceError, match="choose one of"):
+        loading.load_model("tiny", device="cpu", **kwargs)
+
+
+def test_a_transformers_release_without_gemma4_is_refused_with_the_upgrade_command():
+    with pytest.raises(OutdatedTransformersError, match="pip install -U"):
+        loading.check_transformers("4.57.6")
+
+
+def test_releases_with_the_use_cache_false_bug_warn_and_name_the_issue():
+    with pytest.warns(UserWarning, match="45242"):
+        loading.check_transformers("5.5.1")
+    loading.check_transformers("5.5.2")

@@ -1,0 +1,88 @@
+"""The course loader on the tiny model, CPU only: every quantization, both PLE placements."""
+
+import pytest
+import torch
+
+from conftest import tiny_prompt
+from helpers import loading, placement
+
+QUANTS = ["bf16", "nf4", "fp4", "int8"]
+
+
+def greedy(model, tokenizer, new_tokens=24):
+    inputs = tiny_prompt(tokenizer)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_path):
+    cache = {}
+
+    def get(quant, ple):
+        if (quant, ple) not in cache:
+            cache[(quant, ple)] = loading.load_model("tiny", quant=quant, ple=ple, device="cpu")
+        return cache[(quant, ple)]
+
+    return get
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_ple_on_cpu_gives_the_same_greedy_tokens_as_ple_on_gpu_placement(loaded, tiny_tokenizer, quant):
+    assert greedy(loaded(quant, "cpu"), tiny_tokenizer) == greedy(loaded(quant, "gpu"), tiny_tokenizer)
+
+
+@pytest.mark.parametrize("quant", ["nf4", "fp4", "int8"])
+def test_quantized_loads_replace_decoder_linears_with_bitsandbytes_layers(loaded, quant):
+    import bitsandbytes as bnb
+
+    model = loaded(quant, "cpu")
+    wanted = bnb.nn.Linear8bitLt if quant == "int8" else bnb.nn.Linear4bit
+    q_proj = model.get_submodule("model.language_model.layers.0.self_attn.q_proj")
+    assert isinstance(q_proj, wanted)
+    assert not isinstance(model.get_submodule("lm_head"), wanted)  # tied to the embeddings
+    ple = model.get_submodule("model.language_model.embed_tokens_per_layer")
+    assert ple.weight.dtype == torch.bfloat16  # an embedding: never quantized
+
+
+def test_ple_cpu_load_installs_the_cpu_lookup_and_leaves_no_offload_hook(loaded):
+    model = loaded("nf4", "cpu")
+    ple = model.get_submodule("model.language_model.embed_tokens_per_layer")
+    assert placement.has_cpu_lookup(ple)
+    assert not hasattr(ple, "_hf_hook")
+    assert ple.weight.device.type == "cpu"
+
+
+def test_keep_bf16_keeps_named_modules_unquantized_and_lm_head_too(tiny_path):
+    import bitsandbytes as bnb
+
+    model = loading.load_model("tiny", quant="nf4", ple="gpu", device="cpu",
+                               keep_bf16=["model.vision_tower", "per_layer_model_projection"])
+    assert not isinstance(model.get_submodule("model.language_model.per_layer_model_projection"), bnb.nn.Linear4bit)
+    assert not isinstance(model.get_submodule("lm_head"), bnb.nn.Linear4bit)
+    assert isinstance(model.get_submodule("model.language_model.layers.0.mlp.up_proj"), bnb.nn.Linear4bit)
+
+
+def test_skip_list_replaces_the_default_so_quantization_config_adds_lm_head_back():
+    config = loading.quantization_config("nf4", keep_bf16=["model.vision_tower"])
+    assert config.llm_int8_skip_modules == ["lm_head", "model.vision_tower"]
+    assert loading.quantization_config("nf4").llm_int8_skip_modules is None  # transformers' defaults apply
+
+
+def test_cpu_entry_on_a_gpu_map_sets_the_offload_flag_bitsandbytes_demands():
+    assert loading.quantization_config("nf4", cpu_entries=True).llm_int8_enable_fp32_cpu_offload
+    assert loading.quantization_config("int8", cpu_entries=True).llm_int8_enable_fp32_cpu_offload
+    assert loading.quantization_config("bf16", cpu_entries=True) is None
+
+
+def test_a_custom_device_map_is_used_when_every_key_matches(tiny_path):
+    model = loading.load_model("tiny", quant="bf16", ple="gpu", device="cpu",
+                               device_map={"model": "cpu", "lm_head": "cpu"})
+    assert model.get_submodule("model.language_model.layers.0.mlp.up_proj").weight.device.type == "cpu"
+
+
+def test_load_processor_gives_something_that_applies_the_chat_template(tiny_path):
+    processor = loading.load_processor("tiny")
+    out = tiny_prompt(processor)
+    assert out["input_ids"].shape[0] == 1
