@@ -1,0 +1,64 @@
+# Two commands for learners and CI: `make course` and `make test` (see README).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CPU_TORCH := torch==2.13.0
+# transformers releases the CPU tier also runs on, besides the one requirements.txt installs:
+# the first without transformers#45242, and the one on the course's GPU image.
+TRANSFORMERS_MATRIX ?= 5.5.2 5.17.0
+HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
+
+.PHONY: install test test-cpu test-notebooks test-matrix test-gpu course lab gpu-wheels clean
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	@# On a CUDA machine the venv sees the system's torch and leaves it alone.
+	$(PYTHON) -m venv $(if $(HAS_CUDA),--system-site-packages) $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if [ -z "$(HAS_CUDA)" ] && ! $(PY) -c "import torch" 2>/dev/null; then \
+		echo "No CUDA here: installing the CPU build $(CPU_TORCH) first"; $(PY) -m pip install -q $(CPU_TORCH); fi
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+install: $(VENV)/.installed
+
+## make test: every tier this machine can run
+test: install test-cpu test-notebooks test-matrix
+	@if [ -n "$(HAS_CUDA)" ]; then $(MAKE) --no-print-directory test-gpu PYTHON_GPU=$(PY); fi
+
+test-cpu: install
+	$(PY) -m pytest tests -ra
+
+test-notebooks: install
+	@if [ -n "$(NOTEBOOKS)" ]; then $(PY) -m pytest --nbval-lax -p no:cacheprovider $(NOTEBOOKS); \
+	else echo "no notebooks yet"; fi
+
+test-matrix: install
+	@for v in $(TRANSFORMERS_MATRIX); do \
+		target=.cache/transformers-$$v; \
+		if [ ! -f $$target/.installed ]; then \
+			$(PY) -m pip install -q --target $$target "transformers==$$v" && touch $$target/.installed || exit 1; fi; \
+		echo "== CPU tier on transformers $$v"; \
+		PYTHONPATH=$$target $(PY) -m pytest tests -q -p no:cacheprovider -m "not gpu" || exit 1; \
+	done
+
+## make test-gpu: the GPU tier with the machine's own python (no venv, no registry needed)
+PYTHON_GPU ?= python3
+test-gpu:
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH GPU_RECORD=$${GPU_RECORD:-0} $(PYTHON_GPU) -m pytest tests -m gpu -v -ra
+
+## make course: run every notebook top to bottom into build/ and summarise
+course: install
+	$(PY) tools/run_course.py $(NOTEBOOKS)
+
+lab: install
+	$(VENV)/bin/jupyter lab notebooks/
+
+## make gpu-wheels: wheels to carry to a GPU box without a registry
+gpu-wheels:
+	tools/gpu_wheels.sh
+
+clean:
+	rm -rf build .cache .pytest_cache

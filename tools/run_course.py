@@ -1,0 +1,57 @@
+"""Run every notebook of the course top to bottom, headless, into build/, and print a summary.
+
+    python tools/run_course.py notebooks/*.ipynb
+
+The model comes from $GEMMA_MODEL (default: tiny), so the same command runs the course on a
+CPU, on an E4B-shaped checkpoint on a GPU, or on the real google/gemma-4-E4B-it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+BUILD = Path(__file__).resolve().parents[1] / "build"
+
+
+def run(notebook: Path) -> tuple[str, float, str]:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(notebook, as_version=4)
+    started = time.perf_counter()
+    client = NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(notebook.parent)}})
+    try:
+        client.execute()
+        status, detail = "ok", ""
+    except CellExecutionError as err:
+        status, detail = "FAILED", str(err).strip().splitlines()[-1][:120]
+    BUILD.mkdir(exist_ok=True)
+    nbformat.write(nb, BUILD / notebook.name)
+    return status, time.perf_counter() - started, detail
+
+
+def main(paths: list[str]) -> int:
+    notebooks = [Path(p) for p in paths]
+    model = os.environ.get("GEMMA_MODEL", "tiny")
+    if not notebooks:
+        print("No notebooks to run yet (notebooks/*.ipynb is empty).")
+        return 0
+    results = []
+    for notebook in notebooks:
+        print(f"running {notebook.name} on {model} ...", flush=True)
+        results.append((notebook.name, *run(notebook)))
+    width = max(len(name) for name, *_ in results)
+    print(f"\nCourse run on GEMMA_MODEL={model}; executed notebooks are in {BUILD}/")
+    for name, status, seconds, detail in results:
+        print(f"  {name:<{width}}  {status:<6} {seconds:7.1f} s  {detail}")
+    failed = sum(status != "ok" for _, status, *_ in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
