@@ -121,6 +121,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
         tokens = out[0, ids.shape[1]:].tolist()
         record.update(
             greedy_tokens=tokens,
+            greedy_token_count=len(tokens),
             greedy_sha256=hashlib.sha256(json.dumps(tokens).encode()).hexdigest(),
             seconds_per_token=round(elapsed / len(tokens), 4),
             peak_generate_bytes=torch.cuda.max_memory_allocated(device),
