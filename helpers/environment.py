@@ -1,0 +1,193 @@
+"""Is this machine ready for the course? One verdict per line, each with the action that fixes it.
+
+Run it before a workshop:  python -m helpers.environment   (exit status 1 if any line fails)
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from .paths import REPO_ROOT
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+FULL_CHECKPOINT_BYTES = 16e9  # google/gemma-4-E4B-it in bf16 safetensors
+PLE_TABLE_BYTES = 5.64e9
+MIN_GPU_FREE_BYTES = 5e9  # NF4 with the PLE on the CPU: 3.9 GB of weights plus a prefill
+MIN_RAM_BYTES = 16e9
+COLOURS = {OK: "#1a7f37", WARN: "#9a6700", FAIL: "#cf222e"}
+
+
+@dataclass
+class Check:
+    name: str
+    value: str
+    status: str
+    fix: str = ""
+
+
+@dataclass
+class EnvironmentReport:
+    checks: list = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return all(c.status != FAIL for c in self.checks)
+
+    def __str__(self) -> str:
+        width = max(len(c.name) for c in self.checks)
+        lines = [f"{c.status.upper():<4}  {c.name:<{width}}  {c.value}" + (f"\n      -> {c.fix}" if c.fix else "")
+                 for c in self.checks]
+        verdict = "ready for the course" if self.ready else "NOT ready: fix the FAIL lines above"
+        return "\n".join(lines + [verdict])
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td style='color:{COLOURS[c.status]};font-weight:bold'>{c.status.upper()}</td>"
+            f"<td>{html.escape(c.name)}</td><td>{html.escape(c.value)}</td><td>{html.escape(c.fix)}</td></tr>"
+            for c in self.checks
+        )
+        return (f"<table><tr><th></th><th>check</th><th>found</th><th>what to do</th></tr>{rows}</table>"
+                f"<p><b>{'Ready for the course.' if self.ready else 'Not ready: fix the red lines.'}</b></p>")
+
+    def as_dict(self) -> dict:
+        return {"ready": self.ready, "checks": [c.__dict__ for c in self.checks]}
+
+
+def required_versions(requirements: Path = REPO_ROOT / "requirements.txt") -> dict:
+    """Minimum versions from requirements.txt, the single place they are written."""
+    wanted = {}
+    for line in requirements.read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9.]*)", line.split("#")[0].strip())
+        if match:
+            wanted[match.group(1).lower().replace("_", "-")] = match.group(2)
+    return wanted
+
+
+def installed_version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def in_colab() -> bool:
+    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
+
+
+def gb(value: float) -> str:
+    return f"{value / 1e9:.1f} GB"
+
+
+def package_checks() -> list:
+    from packaging.version import Version
+
+    checks = []
+    for package, minimum in required_versions().items():
+        found = installed_version(package)
+        if found is None:
+            checks.append(Check(package, "not installed", FAIL, f"pip install '{package}>={minimum}'"))
+        elif Version(found.split("+")[0]) < Version(minimum):
+            checks.append(Check(package, f"{found} (need >= {minimum})", FAIL,
+                                f"pip install -U '{package}>={minimum}', then restart the kernel"))
+        else:
+            checks.append(Check(package, found, OK))
+    return checks
+
+
+def gpu_checks() -> list:
+    import torch
+
+    if not torch.cuda.is_available():
+        fix = ("Runtime > Change runtime type > T4 GPU" if in_colab()
+               else "the tiny model runs on CPU; the E4B lessons need an NVIDIA GPU and a CUDA build of torch")
+        return [Check("GPU", "no CUDA device visible to torch", WARN, fix)]
+    checks = []
+    index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    free, total = torch.cuda.mem_get_info(index)
+    checks.append(Check("GPU", f"{props.name}, {gb(total)} total", OK))
+    checks.append(Check("GPU memory free", gb(free), OK if free >= MIN_GPU_FREE_BYTES else FAIL,
+                        "" if free >= MIN_GPU_FREE_BYTES else
+                        "close other notebooks or restart the kernel: E4B in NF4 with the PLE on CPU needs about 5 GB"))
+    checks.append(Check("CUDA (torch build)", str(torch.version.cuda), OK))
+    driver = _driver_version()
+    checks.append(Check("NVIDIA driver", driver or "unknown (nvidia-smi not found)", OK if driver else WARN))
+    native_bf16 = props.major >= 8
+    checks.append(Check(
+        "bf16", "native" if native_bf16 else f"emulated (compute capability {props.major}.{props.minor})",
+        OK if native_bf16 else WARN,
+        "" if native_bf16 else "on a T4 or older, use bnb_4bit_compute_dtype=torch.float16: bf16 is emulated and slow",
+    ))
+    return checks
+
+
+def _driver_version() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def memory_checks(download_dir: Path | None = None) -> list:
+    checks = []
+    try:
+        import psutil
+
+        ram = psutil.virtual_memory().total
+        checks.append(Check("RAM", gb(ram), OK if ram >= MIN_RAM_BYTES else WARN,
+                            "" if ram >= MIN_RAM_BYTES else
+                            f"with the PLE on the CPU the table alone takes {gb(PLE_TABLE_BYTES)} of RAM"))
+        if platform.system() == "Windows":
+            page_file = psutil.swap_memory().total
+            enough = page_file >= FULL_CHECKPOINT_BYTES
+            checks.append(Check(
+                "Windows page file", gb(page_file), OK if enough else FAIL,
+                "" if enough else "raise it to 16-32 GB (System > Advanced > Virtual memory) and reboot, or "
+                "`os error 1455` stops safetensors from mapping the 16 GB checkpoint",
+            ))
+    except ImportError:
+        checks.append(Check("RAM", "unknown (pip install psutil)", WARN))
+    where = download_dir or Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface"))
+    probe = where if where.exists() else Path.home()
+    free = shutil.disk_usage(probe).free
+    checks.append(Check(f"free disk at {where}", gb(free), OK if free >= 1.1 * FULL_CHECKPOINT_BYTES else WARN,
+                        "" if free >= 1.1 * FULL_CHECKPOINT_BYTES else
+                        "the full checkpoint needs 16 GB: free space or set HF_HUB_CACHE to a larger disk"))
+    return checks
+
+
+def check(download_dir: Path | None = None) -> EnvironmentReport:
+    """Everything the course needs, as one report (printable, HTML in a notebook, ``as_dict``)."""
+    python_ok = sys.version_info >= (3, 10)
+    checks = [
+        Check("Python", platform.python_version(), OK if python_ok else FAIL, "" if python_ok else "use Python 3.10 or newer"),
+        Check("platform", f"{platform.system()} {platform.machine()}" + (" (Colab)" if in_colab() else ""), OK),
+    ]
+    checks += package_checks()
+    if installed_version("torch") is not None:
+        checks += gpu_checks()
+    checks += memory_checks(download_dir)
+    return EnvironmentReport(checks)
+
+
+def main() -> int:
+    report = check()
+    print(report)
+    return 0 if report.ready else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
