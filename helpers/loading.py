@@ -143,6 +143,18 @@ def check_fits(estimate: memory.WeightEstimate, device: torch.device, quant: str
         )
 
 
+def default_device():
+    """GPU 0 where CUDA exists, else the CPU (the tiny model runs there)."""
+    return 0 if torch.cuda.is_available() else "cpu"
+
+
+def load_config(source=None):
+    """The checkpoint's config, without loading any weights."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(models.resolve(source))
+
+
 def auto_class_for(config):
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 

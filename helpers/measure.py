@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+RECORDS = Path(__file__).resolve().parents[1] / "data" / "gpu-tier"
 ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag")
 PROMPT_TEXT = "The per-layer embedding table is a lookup, so only the rows of these tokens are read. "
 
@@ -151,6 +152,14 @@ def environment() -> dict:
         },
         "date": datetime.date.today().isoformat(),
     }
+
+
+def recorded(model: str = "e4b-shape", quant: str = "nf4") -> dict:
+    """The GPU-tier records for a model and quantization, route -> record (from data/gpu-tier)."""
+    path = RECORDS / f"{model}-{quant}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"No recorded GPU measurements at {path}: run `GPU_RECORD=1 make test-gpu` on a GPU.")
+    return json.loads(path.read_text())
 
 
 def main(argv=None) -> int:

@@ -105,6 +105,29 @@ def ple_device_map(model, compute_device, ple_device="cpu") -> dict:
     return device_map
 
 
+def auto_device_map(model, max_memory: dict, quantized: bool = False) -> dict:
+    """The map ``device_map="auto"`` would choose under ``max_memory``, computed by accelerate on
+    a meta model (no GPU needed). bitsandbytes loads reserve 10% more headroom, as transformers does."""
+    from accelerate import infer_auto_device_map
+    from accelerate.utils import convert_file_size_to_int
+
+    budget = {k: convert_file_size_to_int(v) if isinstance(v, str) else v for k, v in max_memory.items()}
+    if quantized:
+        budget = {k: int(v * 0.9) for k, v in budget.items()}
+    return infer_auto_device_map(model, max_memory=budget, no_split_module_classes=model._no_split_modules)
+
+
+def bytes_per_device(model, device_map: dict) -> dict:
+    """How many bytes of weights a device map puts on each device (accelerate's module sizes)."""
+    from accelerate.utils import compute_module_sizes
+
+    sizes = compute_module_sizes(model)
+    totals: dict = defaultdict(int)
+    for key, device in device_map.items():
+        totals[str(device)] += sizes[key]
+    return dict(totals)
+
+
 # ---------------------------------------------------------------- the CPU lookup
 
 def _cpu_lookup_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -208,6 +231,13 @@ def _where(module, tensor_name: str, tensor: torch.Tensor) -> str:
     return str(tensor.device)
 
 
+def human_bytes(size: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{int(size)} B"
+
+
 @dataclass
 class PlacementReport:
     """Bytes per device for each part of a model; works whether or not ``hf_device_map`` exists."""
@@ -236,11 +266,11 @@ class PlacementReport:
 
     def __str__(self) -> str:
         width = max((len(p) for p in self.parts), default=4)
-        lines = [f"{self.model_class}: where each part lives", f"{'part':<{width}}  {'GB':>7}  device"]
+        lines = [f"{self.model_class}: where each part lives", f"{'part':<{width}}  {'size':>10}  device"]
         for part, where in self.parts.items():
             for place, size in where.items():
-                lines.append(f"{part:<{width}}  {size / 1e9:7.3f}  {place}")
-        totals = ", ".join(f"{d}: {b / 1e9:.3f} GB" for d, b in self.bytes_by_device().items())
+                lines.append(f"{part:<{width}}  {human_bytes(size):>10}  {place}")
+        totals = ", ".join(f"{d}: {human_bytes(b)}" for d, b in self.bytes_by_device().items())
         lines.append(f"total by device: {totals}")
         if self.hf_device_map is None:
             lines.append("(model.hf_device_map is absent: transformers sets it only for per-module maps)")

@@ -1,6 +1,7 @@
 """Run every notebook of the course top to bottom, headless, into build/, and print a summary.
 
     python tools/run_course.py notebooks/*.ipynb
+    python tools/run_course.py --save-outputs notebooks/*.ipynb   # maintainers: store outputs in notebooks/
 
 The model comes from $GEMMA_MODEL (default: tiny), so the same command runs the course on a
 CPU, on an E4B-shaped checkpoint on a GPU, or on the real google/gemma-4-E4B-it.
@@ -16,7 +17,7 @@ from pathlib import Path
 BUILD = Path(__file__).resolve().parents[1] / "build"
 
 
-def run(notebook: Path) -> tuple[str, float, str]:
+def run(notebook: Path, save_outputs: bool = False) -> tuple[str, float, str]:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -31,11 +32,14 @@ def run(notebook: Path) -> tuple[str, float, str]:
         status, detail = "FAILED", str(err).strip().splitlines()[-1][:120]
     BUILD.mkdir(exist_ok=True)
     nbformat.write(nb, BUILD / notebook.name)
+    if save_outputs and status == "ok":
+        nbformat.write(nb, notebook)
     return status, time.perf_counter() - started, detail
 
 
-def main(paths: list[str]) -> int:
-    notebooks = [Path(p) for p in paths]
+def main(args: list[str]) -> int:
+    save_outputs = "--save-outputs" in args
+    notebooks = [Path(p) for p in args if p != "--save-outputs"]
     model = os.environ.get("GEMMA_MODEL", "tiny")
     if not notebooks:
         print("No notebooks to run yet (notebooks/*.ipynb is empty).")
@@ -43,7 +47,7 @@ def main(paths: list[str]) -> int:
     results = []
     for notebook in notebooks:
         print(f"running {notebook.name} on {model} ...", flush=True)
-        results.append((notebook.name, *run(notebook)))
+        results.append((notebook.name, *run(notebook, save_outputs)))
     width = max(len(name) for name, *_ in results)
     print(f"\nCourse run on GEMMA_MODEL={model}; executed notebooks are in {BUILD}/")
     for name, status, seconds, detail in results:

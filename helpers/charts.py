@@ -1,0 +1,39 @@
+"""Charts the notebooks show: where memory goes, per placement route."""
+
+from __future__ import annotations
+
+ROUTE_NAMES = {
+    "ple-gpu": 'ple="gpu"\n{"": 0}',
+    "ple-cpu": 'ple="cpu"\nCPU lookup',
+    "post-load": '{"": 0}, then\noffload_ple',
+    "cpu-entry": '"cpu" entry,\nhook left on',
+}
+
+
+def route_memory(records: dict, ax=None):
+    """Grouped bars: allocated after load, reserved, peak during load and peak during prefill."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    routes = [r for r in ROUTE_NAMES if r in records and "resident_bytes" in records[r]]
+    series = {
+        "allocated after load": [records[r]["resident_bytes"] for r in routes],
+        "reserved after load": [records[r]["reserved_bytes"] for r in routes],
+        "peak during load": [records[r]["peak_load_bytes"] for r in routes],
+        "peak during prefill": [next((p.get("peak_bytes", 0) for p in records[r].get("prefill", [])), 0) for r in routes],
+    }
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4))
+    x = np.arange(len(routes))
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        bars = ax.bar(x + i * width, [v / 1e9 for v in values], width, label=label)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    contexts = [next((p["context"] for p in records[r].get("prefill", [])), None) for r in routes]
+    labels = [ROUTE_NAMES[r] + (f"\n(prefill: {c:,} tokens)" if c else "") for r, c in zip(routes, contexts)]
+    ax.set_xticks(x + width * (len(series) - 1) / 2, labels, fontsize=8)
+    ax.set_ylabel("GB on the GPU")
+    any_record = records[routes[0]]
+    ax.set_title(f"{any_record['model']} {any_record['quant']} on {any_record['gpu']} (recorded {any_record['date']})")
+    ax.legend(fontsize=8)
+    return ax

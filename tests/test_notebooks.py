@@ -1,0 +1,75 @@
+"""Static contracts over every notebook: they parse, install their stack, take parameters,
+and teach with `helpers` instead of copying its logic. nbval executes them (make test-notebooks)."""
+
+import ast
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from IPython.core.inputtransformer2 import TransformerManager
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+IDS = [path.name for path in NOTEBOOKS]
+
+
+def cells(path, kind="code"):
+    return [cell for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == kind]
+
+
+def tagged(path, tag):
+    return [cell for cell in cells(path) if tag in cell.metadata.get("tags", [])]
+
+
+def python_of(cell) -> str:
+    return TransformerManager().transform_cell(cell.source)
+
+
+def test_there_are_notebooks_and_they_are_numbered_in_sequence():
+    assert NOTEBOOKS
+    assert all(re.match(r"^\d\d_[a-z0-9_]+\.ipynb$", name) for name in IDS), IDS
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_code_cell_parses(path):
+    for cell in cells(path):
+        ast.parse(python_of(cell))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_notebook_installs_the_course_stack_from_requirements_txt_with_one_shared_cell(path):
+    install = tagged(path, "install")
+    assert len(install) == 1, "one cell tagged 'install'"
+    reference = tagged(NOTEBOOKS[0], "install")[0].source
+    assert install[0].source == reference, "install cells must be identical across notebooks"
+    assert "requirements.txt" in reference and "-e" in reference
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_notebook_has_a_parameters_cell_that_picks_the_model(path):
+    parameters = tagged(path, "parameters")
+    assert len(parameters) == 1
+    assert re.search(r"^MODEL = None", parameters[0].source, re.M)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebooks_define_no_functions_or_classes_so_logic_lives_in_helpers(path):
+    for cell in cells(path):
+        defined = [node.name for node in ast.walk(ast.parse(python_of(cell)))
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        assert defined == [], defined
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebooks_import_helpers_and_never_edit_sys_path(path):
+    sources = [cell.source for cell in cells(path)]
+    assert any("from helpers import" in s for s in sources)
+    assert not any(re.search(r"sys\.path\.(insert|append)", s) for s in sources)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebooks_explain_in_markdown_with_short_code_cells(path):
+    markdown, code = cells(path, "markdown"), cells(path)
+    assert len(markdown) >= len(code) / 3
+    assert max(len(c.source.splitlines()) for c in code if "install" not in c.metadata.get("tags", [])) <= 20
