@@ -37,3 +37,26 @@ def route_memory(records: dict, ax=None):
     ax.set_title(f"{any_record['model']} {any_record['quant']} on {any_record['gpu']} (recorded {any_record['date']})")
     ax.legend(fontsize=8)
     return ax
+
+
+def weights_by_part(estimates: dict, ax=None, card_gb=(8, 15, 16)):
+    """Stacked bars of GPU weight bytes per course part, one bar per configuration, with card sizes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4))
+    labels = list(estimates)
+    parts = sorted({p for e in estimates.values() for p in e.by_course_part()})
+    bottoms = [0.0] * len(labels)
+    for part in parts:
+        heights = [estimates[label].by_course_part().get(part, 0) / 1e9 for label in labels]
+        ax.bar(labels, heights, bottom=bottoms, label=part)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    for x, total in enumerate(bottoms):
+        ax.text(x, total + 0.2, f"{total:.1f}", ha="center", fontsize=8)
+    for gb in card_gb:
+        ax.axhline(gb, color="grey", linestyle=":", linewidth=1)
+        ax.text(len(labels) - 0.5, gb, f"{gb} GB card", fontsize=7, va="bottom", ha="right", color="grey")
+    ax.set_ylabel("GB of weights on the GPU")
+    ax.legend(fontsize=8, loc="upper right", bbox_to_anchor=(1.0, 0.9))
+    return ax

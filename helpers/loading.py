@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from . import memory, models, placement
+from .quantization import QUANTS, quantization_config
 from .errors import (
     BitsandbytesMissingError,
     CudaUnavailableError,
@@ -25,7 +26,6 @@ from .errors import (
 
 FIRST_WITH_GEMMA4 = "5.5.0"
 FIRST_WITH_NO_CACHE_FIX = "5.5.2"  # huggingface/transformers#45242, fixed by #45253
-QUANTS = ("bf16", "nf4", "fp4", "int8")
 PLACEMENTS = ("gpu", "cpu")
 # CUDA context, cuBLAS workspaces and the first activations need room beyond the weights.
 GPU_HEADROOM_BYTES = 600 * 1024**2
@@ -84,36 +84,6 @@ def require_bitsandbytes(quant: str) -> None:
         )
 
 
-def quantization_config(quant: str, *, cpu_entries: bool = False, keep_bf16=(), compute_dtype=torch.bfloat16):
-    """The ``BitsAndBytesConfig`` for a quant choice (``None`` for bf16).
-
-    ``cpu_entries``: the device map sends a module to the CPU, which bitsandbytes refuses
-    unless ``llm_int8_enable_fp32_cpu_offload`` is set (it only keeps those modules
-    unquantized; the PLE table is an embedding and is never quantized anyway).
-    ``keep_bf16``: extra modules to leave unquantized. ``llm_int8_skip_modules`` replaces
-    transformers' default list, so ``lm_head`` is added back here.
-    """
-    from transformers import BitsAndBytesConfig
-
-    _choice(quant, QUANTS, "quant")
-    if quant == "bf16":
-        return None
-    skip = None
-    if keep_bf16:
-        skip = list(dict.fromkeys(["lm_head", *keep_bf16]))
-    if quant == "int8":
-        return BitsAndBytesConfig(
-            load_in_8bit=True, llm_int8_enable_fp32_cpu_offload=cpu_entries, llm_int8_skip_modules=skip
-        )
-    return BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type=quant,
-        bnb_4bit_compute_dtype=compute_dtype,
-        llm_int8_enable_fp32_cpu_offload=cpu_entries,
-        llm_int8_skip_modules=skip,
-    )
-
-
 def gpu_budget_bytes(device: torch.device) -> int:
     """Bytes this process may still allocate on ``device``, honouring a per-process memory fraction."""
     free, total = torch.cuda.mem_get_info(device)
@@ -168,6 +138,8 @@ def load_model(
     device=0,
     *,
     keep_bf16=(),
+    compute_dtype=torch.bfloat16,
+    double_quant: bool = False,
     device_map: dict | None = None,
     check_memory: bool = True,
     **from_pretrained_kwargs,
@@ -177,6 +149,7 @@ def load_model(
     ``source``: hub id, folder or synthetic name (default ``$GEMMA_MODEL`` or ``tiny``).
     ``quant``: ``bf16``, ``nf4``, ``fp4`` or ``int8``. ``ple``: ``gpu`` or ``cpu``.
     ``device``: the GPU index, or ``"cpu"`` to run everything on the CPU.
+    ``keep_bf16``, ``compute_dtype``, ``double_quant``: see ``quantization.quantization_config``.
     ``device_map``: your own map instead of the course's (checked: every key must match a module).
     """
     from transformers import AutoConfig
@@ -205,7 +178,8 @@ def load_model(
         check_fits(estimate, target, quant, ple)
     del skeleton
     kwargs = dict(dtype=torch.bfloat16, device_map=device_map)
-    quant_config = quantization_config(quant, cpu_entries=cpu_entries, keep_bf16=keep_bf16)
+    quant_config = quantization_config(quant, cpu_entries=cpu_entries, keep_bf16=keep_bf16,
+                                       compute_dtype=compute_dtype, double_quant=double_quant)
     if quant_config is not None:
         kwargs["quantization_config"] = quant_config
     kwargs.update(from_pretrained_kwargs)

@@ -46,7 +46,7 @@ def _gpu_memory(device) -> dict:
 
 
 def _load(route: str, source, quant: str, device: int):
-    from . import loading, memory, placement
+    from . import loading, memory, placement, quantization
     from transformers import AutoConfig
 
     if route in ("ple-gpu", "ple-cpu"):
@@ -57,7 +57,7 @@ def _load(route: str, source, quant: str, device: int):
     path = loading.models.resolve(source)
     config = AutoConfig.from_pretrained(path)
     device_map = placement.ple_device_map(memory.meta_model(config), device)
-    qc = loading.quantization_config(quant, cpu_entries=(route == "cpu-entry"))
+    qc = quantization.quantization_config(quant, cpu_entries=(route == "cpu-entry"))
     kwargs = {"quantization_config": qc} if qc is not None else {}
     return loading.auto_class_for(config).from_pretrained(path, dtype=torch.bfloat16, device_map=device_map, **kwargs)
 

@@ -16,6 +16,15 @@ from .placement import PLE_SUFFIX, part_of
 # bytes per weight element, including bitsandbytes' per-block statistics
 # (4-bit: one fp32 absmax per 64 weights; 8-bit: one fp32 scale per output row, ignored)
 QUANT_BYTES_PER_WEIGHT = {"bf16": 2.0, "nf4": 0.5 + 4 / 64, "fp4": 0.5 + 4 / 64, "int8": 1.0}
+# double quantization: 8-bit absmax per 64 weights, plus one fp32 scale per 256 of those blocks
+DOUBLE_QUANT_BYTES_PER_WEIGHT = 0.5 + 1 / 64 + 4 / (64 * 256)
+COURSE_PARTS = {  # coarse parts for charts, by the last component of placement.part_of()
+    "embed_tokens_per_layer": "PLE table",
+    "embed_tokens": "embeddings (tied lm_head)",
+    "layers": "decoder layers",
+    "vision_tower": "vision tower",
+    "audio_tower": "audio tower",
+}
 NOT_QUANTIZED_BY_DEFAULT = ("lm_head",)
 
 
@@ -27,6 +36,13 @@ class WeightEstimate:
 
     def __str__(self) -> str:
         return f"weights: {self.gpu_bytes / 1e9:.2f} GB on GPU, {self.cpu_bytes / 1e9:.2f} GB on CPU"
+
+    def by_course_part(self) -> dict:
+        """GPU bytes grouped into the parts the course talks about (PLE, decoder layers, towers, ...)."""
+        grouped: dict = {}
+        for part, size in self.by_part.items():
+            grouped[course_part(part)] = grouped.get(course_part(part), 0) + size
+        return grouped
 
 
 def meta_model(config):
@@ -47,11 +63,17 @@ def _is_quantized_linear_weight(module_name: str, module, tensor_name: str, skip
     return not any(module_name == s or module_name.endswith("." + s) or module_name.startswith(s) for s in skip)
 
 
-def weight_bytes(model, quant: str = "nf4", ple: str = "cpu", keep_bf16=()) -> WeightEstimate:
+def course_part(part: str) -> str:
+    return COURSE_PARTS.get(part.split(".")[-1], "other")
+
+
+def weight_bytes(model, quant: str = "nf4", ple: str = "cpu", keep_bf16=(), double_quant: bool = False) -> WeightEstimate:
     """Predict the GPU and CPU bytes of the weights for a quantization and PLE placement."""
     from accelerate.utils import compute_module_sizes
 
     per_element = QUANT_BYTES_PER_WEIGHT[quant]
+    if double_quant and quant in ("nf4", "fp4"):
+        per_element = DOUBLE_QUANT_BYTES_PER_WEIGHT
     skip = tuple(NOT_QUANTIZED_BY_DEFAULT) + tuple(keep_bf16)
     sizes = compute_module_sizes(model)
     gpu = cpu = 0
