@@ -1,0 +1,127 @@
+"""Downloads against a real Hub-compatible mirror (olah, offline) on loopback, through a proxy
+that injects faults: the download completes, keeps finished files, and never leaves a partial
+or corrupt file where a loader would read it."""
+
+import errno
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import download, faults, mirror, synthetic
+
+REPO = "google/gemma-4-E4B-it"
+SMALL_LFS = 100 * 1024  # store the tiny checkpoint's larger files as LFS objects, as the Hub does
+PLAN = ["drop", "error", "stall", "reset"] * 6  # 24 faults
+
+
+@pytest.fixture(scope="module")
+def source(tiny_path):
+    return tiny_path
+
+
+@pytest.fixture(scope="module")
+def hub_mirror(source, tmp_path_factory):
+    with mirror.Mirror(source, REPO, workdir=tmp_path_factory.mktemp("mirror"), lfs_threshold=SMALL_LFS) as served:
+        yield served
+
+
+@pytest.fixture(autouse=True)
+def online_to_loopback_only(monkeypatch):
+    """The session runs with HF_HUB_OFFLINE=1; these tests talk to servers on 127.0.0.1 only."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+
+@pytest.fixture
+def short_timeouts(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 1)  # a stall is noticed in a second
+
+
+def test_offline_mode_stops_at_once_with_the_fix(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(download.OfflineModeError, match="unset it"):
+        download.download(REPO, tmp_path)
+
+
+def served_files(source: Path) -> dict:
+    return {p.name: p.read_bytes() for p in source.iterdir() if p.is_file()}
+
+
+def test_the_mirror_lays_large_files_out_as_lfs_pointers_on_branch_main(hub_mirror):
+    repo = hub_mirror.repository
+    pointer = (repo / "model.safetensors").read_text()
+    assert pointer.startswith("version https://git-lfs.github.com/spec/v1")
+    oid = pointer.split("sha256:")[1].split()[0]
+    assert (repo / ".git" / "lfs" / "objects" / oid[:2] / oid[2:4] / oid).is_file()
+    assert subprocess.run(["git", "branch", "--show-current"], cwd=repo, capture_output=True, text=True).stdout.strip() == "main"
+
+
+def test_download_survives_24_injected_faults_and_every_file_verifies(hub_mirror, source, tmp_path, short_timeouts):
+    with faults.FaultyProxy(hub_mirror.endpoint, PLAN, drop_after_bytes=20_000, stall_s=2) as proxy:
+        result = download.download(REPO, tmp_path, endpoint=proxy.endpoint, max_attempts=40, sleep=lambda s: None)
+        assert proxy.faults_left == 0 and sum(proxy.injected.values()) == 24
+        assert set(proxy.injected) == set(faults.KINDS)
+    assert result.attempts > 1 and result.errors
+    checks = download.verify(REPO, tmp_path, endpoint=hub_mirror.endpoint)
+    assert checks and set(checks.values()) == {"ok"}, checks
+    expected = served_files(source)
+    assert {name: (tmp_path / name).read_bytes() for name in expected} == expected
+
+
+def test_no_partial_or_corrupt_file_is_ever_where_a_loader_reads(hub_mirror, source, tmp_path, short_timeouts):
+    expected = served_files(source)
+    with faults.FaultyProxy(hub_mirror.endpoint, PLAN, drop_after_bytes=20_000, stall_s=2) as proxy:
+        for _ in range(60):
+            try:
+                download.download(REPO, tmp_path, endpoint=proxy.endpoint, max_attempts=1)
+                done = True
+            except download.DownloadFailedError:
+                done = False
+            for path in tmp_path.iterdir():  # after every attempt, finished or not
+                if path.is_file():
+                    assert path.read_bytes() == expected[path.name], f"{path.name} is partial or corrupt"
+            if done:
+                break
+        assert done and sum(proxy.injected.values()) >= 20
+
+
+def test_finished_files_are_never_downloaded_again_after_a_fault(hub_mirror, tmp_path, short_timeouts):
+    with faults.FaultyProxy(hub_mirror.endpoint, PLAN, drop_after_bytes=20_000, stall_s=2) as proxy:
+        download.download(REPO, tmp_path, endpoint=proxy.endpoint, max_attempts=40, sleep=lambda s: None)
+        files = {path: n for path, n in proxy.complete_transfers.items() if "/resolve/" in path}
+    assert files and set(files.values()) == {1}, files
+
+
+def test_a_repository_the_mirror_does_not_have_is_a_clear_error(hub_mirror, tmp_path):
+    with pytest.raises(download.ModelNotFoundError, match="HF_ENDPOINT"):
+        download.download("google/gemma-4-E9B-it", tmp_path, endpoint=hub_mirror.endpoint, max_attempts=2, sleep=lambda s: None)
+
+
+def test_a_full_disk_stops_at_once_and_says_what_to_free(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", full)
+    with pytest.raises(download.DiskFullError, match="16 GB"):
+        download.download(REPO, tmp_path, max_attempts=5, sleep=lambda s: None)
+
+
+def test_use_mirror_before_the_hub_is_imported_takes_effect_and_after_it_refuses():
+    before = subprocess.run(
+        [sys.executable, "-c", "from helpers import download; download.use_mirror('http://127.0.0.1:9'); "
+                               "print(download.hub_settings())"], capture_output=True, text=True)
+    assert "'endpoint': 'http://127.0.0.1:9'" in before.stdout and "'xet_disabled': True" in before.stdout
+    after = subprocess.run(
+        [sys.executable, "-c", "from huggingface_hub import snapshot_download; from helpers import download; "
+                               "download.use_mirror('http://127.0.0.1:9')"],
+        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+    assert after.returncode != 0 and "restart the kernel" in after.stderr
