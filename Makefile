@@ -10,7 +10,7 @@ TRANSFORMERS_MATRIX ?= 5.5.2 5.17.0
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: install test test-cpu test-notebooks test-matrix test-gpu course lab gpu-wheels clean
+.PHONY: install test test-cpu test-notebooks test-matrix test-gpu test-gpu-tier test-gpu-notebooks course lab gpu-wheels clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@# On a CUDA machine the venv sees the system's torch and leaves it alone.
@@ -44,10 +44,20 @@ test-matrix: install
 		PYTHONPATH=$$target $(PY) -m pytest tests -q -p no:cacheprovider -m "not gpu" || exit 1; \
 	done
 
-## make test-gpu: the GPU tier with the machine's own python (no venv, no registry needed)
+## make test-gpu: the GPU tier and nbval on e4b-shape, with the machine's own python (no venv needed)
 PYTHON_GPU ?= python3
-test-gpu:
+GPU_NOTEBOOKS ?= $(NOTEBOOKS)
+test-gpu: test-gpu-tier test-gpu-notebooks
+
+test-gpu-tier:
 	PYTHONPATH=$(CURDIR):$$PYTHONPATH GPU_RECORD=$${GPU_RECORD:-0} $(PYTHON_GPU) -m pytest tests -m gpu -v -ra
+
+test-gpu-notebooks:
+	mkdir -p build
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH GEMMA_MODEL=$${GEMMA_MODEL:-e4b-shape} $(PYTHON_GPU) -m pytest --nbval-lax \
+		--nbval-current-env -p no:cacheprovider -v --junitxml=build/nbval-gpu.xml $(GPU_NOTEBOOKS); status=$$?; \
+	if [ "$${GPU_RECORD:-0}" = 1 ]; then PYTHONPATH=$(CURDIR) $(PYTHON_GPU) tools/record_nbval.py build/nbval-gpu.xml; fi; \
+	exit $$status
 
 ## make course: run every notebook top to bottom into build/ and summarise
 course: install

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Wheels for a GPU box that has torch and accelerate but no registry (see README, "GPU tier").
 # Writes .whl/ (git-ignored): transformers and bitsandbytes for Python 3.12, with every
-# bitsandbytes library but cuda130 and cpu stripped to stay small.
+# bitsandbytes library but cuda130 and cpu stripped to stay small, plus nbval and the Jupyter
+# kernel stack listed in tools/gpu-wheels.txt (versions this course's CPU venv resolved).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
@@ -9,6 +10,7 @@ platforms=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 man
 args=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d .whl)
 for p in "${platforms[@]}"; do args+=(--platform "$p"); done
 python3 -m pip download -q "${args[@]}" transformers==5.24.0 bitsandbytes==0.50.2
+python3 -m pip download -q "${args[@]}" -r tools/gpu-wheels.txt
 work=$(mktemp -d)
 wheel=$(ls .whl/bitsandbytes-*.whl)
 (cd "$work" && unzip -q "$OLDPWD/$wheel" && find . -name '*.so' ! -name '*cuda130*' ! -name '*_cpu*' -delete \
