@@ -82,10 +82,22 @@ def render_record_set(name: str, records: dict) -> str:
     return "\n".join(lines).rstrip()
 
 
+def render_notebooks(record: dict) -> str:
+    lines = [f"**Notebooks under nbval** with `GEMMA_MODEL={record['model']}`:", "",
+             "| notebook | result | cells passed | GPU | date | transformers | bitsandbytes |", "|---|---|---|---|---|---|---|"]
+    for name, entry in sorted(record["notebooks"].items()):
+        lines.append(f"| `{name}` | {entry['result']} | {entry['passed']}/{entry['passed'] + entry['failed']} | {entry['gpu']} | "
+                     f"{entry['date']} | {entry['versions']['transformers']} | {entry['versions']['bitsandbytes']} |")
+    return "\n".join(lines + ["", f"Recorded by `{next(iter(record['notebooks'].values()))['command']}`."])
+
+
 def render() -> str:
     blocks = []
     for path in sorted(RECORDS.glob("*.json")):
-        blocks.append(render_record_set(path.stem, json.loads(path.read_text())))
+        if path.stem.startswith("notebooks-"):
+            blocks.append(render_notebooks(json.loads(path.read_text())))
+        else:
+            blocks.append(render_record_set(path.stem, json.loads(path.read_text())))
     body = "\n\n".join(blocks) if blocks else "_No GPU records yet: run `GPU_RECORD=1 make test-gpu` on a GPU._"
     return f"{START}\n{body}\n{END}"
 
