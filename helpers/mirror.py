@@ -64,7 +64,7 @@ def _git(repo: Path, *args: str) -> str:
            "GIT_COMMITTER_NAME": "course", "GIT_COMMITTER_EMAIL": "course@localhost"}
     done = subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise MirrorError(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip()}")
+        raise MirrorError(f"git {' '.join(args)} failed in {repo}: {(done.stderr or done.stdout).strip()}")
     return done.stdout.strip()
 
 
@@ -87,7 +87,8 @@ def prepare_repository(model_dir, mirrors_root, repo_id: str, lfs_threshold: int
     if shutil.which("git") is None:
         raise MirrorError("git is not installed: install it (apt install git / https://git-scm.com) and retry.")
     model_dir = Path(model_dir)
-    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and ".cache" not in p.parts)
+    # a download folder keeps huggingface_hub's metadata in .cache/ inside it: not part of the model
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and ".cache" not in p.relative_to(model_dir).parts)
     if not (model_dir / "config.json").is_file():
         raise MirrorError(f"{model_dir} has no config.json; pass the folder of a downloaded or saved model.")
     target = repository_path(mirrors_root, repo_id)

@@ -125,3 +125,16 @@ def test_use_mirror_before_the_hub_is_imported_takes_effect_and_after_it_refuses
                                "download.use_mirror('http://127.0.0.1:9')"],
         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
     assert after.returncode != 0 and "restart the kernel" in after.stderr
+
+
+def test_a_model_folder_under_a_dot_cache_directory_is_mirrored_whole(source, tmp_path):
+    """The course's default cache is ~/.cache/...; only a .cache folder *inside* the model is skipped."""
+    import shutil
+
+    model = tmp_path / ".cache" / "models" / "tiny"
+    shutil.copytree(source, model)
+    (model / ".cache" / "huggingface").mkdir(parents=True)
+    (model / ".cache" / "huggingface" / "x.metadata").write_text("hub bookkeeping")
+    repo = mirror.prepare_repository(model, tmp_path / "mirrors", REPO)
+    tracked = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True).stdout.split()
+    assert sorted(tracked) == sorted(p.name for p in source.iterdir() if p.is_file())
