@@ -138,3 +138,19 @@ def test_a_model_folder_under_a_dot_cache_directory_is_mirrored_whole(source, tm
     repo = mirror.prepare_repository(model, tmp_path / "mirrors", REPO)
     tracked = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True).stdout.split()
     assert sorted(tracked) == sorted(p.name for p in source.iterdir() if p.is_file())
+
+
+def test_a_gated_model_says_to_accept_the_licence_and_log_in(monkeypatch, tmp_path):
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError
+
+    import httpx
+
+    def gated(*args, **kwargs):
+        url = f"https://huggingface.co/api/models/{REPO}/revision/main"
+        response = httpx.Response(401, request=httpx.Request("GET", url))
+        raise GatedRepoError(f"401 Client Error: access to model {REPO} is restricted", response=response)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", gated)
+    with pytest.raises(download.ModelNotFoundError, match="accept its licence.*hf auth login"):
+        download.download(REPO, tmp_path, max_attempts=3, sleep=lambda s: None)

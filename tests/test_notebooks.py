@@ -73,3 +73,25 @@ def test_notebooks_explain_in_markdown_with_short_code_cells(path):
     markdown, code = cells(path, "markdown"), cells(path)
     assert len(markdown) >= len(code) / 3
     assert max(len(c.source.splitlines()) for c in code if "install" not in c.metadata.get("tags", [])) <= 20
+
+
+def test_the_install_cell_makes_helpers_importable_in_an_already_running_kernel(tmp_path):
+    """What happens on Colab: a kernel without the course runs the install cell, then imports helpers."""
+    import shutil
+    import subprocess
+    import sys
+    import venv
+
+    repo = tmp_path / "course"
+    shutil.copytree(ROOT / "helpers", repo / "helpers", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", repo)
+    (repo / "README.md").write_text("course")
+    (repo / "requirements.txt").write_text("")  # the stack itself is what CI installs; this checks the mechanism
+    (repo / "notebooks").mkdir()
+    venv.create(tmp_path / "kernel", with_pip=True)
+    python = tmp_path / "kernel" / "bin" / "python"
+    cell = tagged(NOTEBOOKS[0], "install")[0].source
+    script = f"{cell}\nimport helpers, pathlib\nprint(pathlib.Path(helpers.__file__).parent)"
+    done = subprocess.run([str(python), "-c", script], cwd=repo / "notebooks", capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith(str(repo / "helpers"))
