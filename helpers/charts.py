@@ -60,3 +60,19 @@ def weights_by_part(estimates: dict, ax=None, card_gb=(8, 15, 16)):
     ax.set_ylabel("GB of weights on the GPU")
     ax.legend(fontsize=8, loc="upper right", bbox_to_anchor=(1.0, 0.9))
     return ax
+
+
+def parameter_budget(bytes_by_part: dict, title: str, ax=None):
+    """Horizontal bars: where the bytes of a model go, largest first, with each part's share."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3))
+    parts = sorted(bytes_by_part, key=bytes_by_part.get)
+    total = sum(bytes_by_part.values())
+    bars = ax.barh(parts, [bytes_by_part[p] / 1e9 for p in parts], color="tab:blue")
+    ax.bar_label(bars, labels=[f"{bytes_by_part[p] / 1e9:.2f} GB ({bytes_by_part[p] / total:.0%})" for p in parts], fontsize=8)
+    ax.set_xlabel("GB in bf16")
+    ax.set_title(title)
+    ax.set_xlim(0, max(bytes_by_part.values()) / 1e9 * 1.35)
+    return ax

@@ -37,7 +37,29 @@ def prompt_ids(tokenizer, length: int, device) -> torch.Tensor:
     return torch.tensor([[tokenizer.bos_token_id, *repeated]], device=device)
 
 
-def _gpu_memory(device) -> dict:
+def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32) -> dict:
+    """Greedy-decode exactly ``new_tokens`` after a fixed prompt; tokens, their hash and the time."""
+    device = next(p.device for p in model.parameters() if p.device.type != "meta")
+    ids = prompt_ids(tokenizer, prompt_length, device)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    synchronize()
+    started = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False)
+    synchronize()
+    tokens = out[0, ids.shape[1]:].tolist()
+    return {
+        "tokens": tokens,
+        "sha256": hashlib.sha256(json.dumps(tokens).encode()).hexdigest(),
+        "seconds_per_token": (time.perf_counter() - started) / len(tokens),
+    }
+
+
+def gpu_memory(device) -> dict:
+    """Allocated, reserved and peak bytes on a CUDA device ({} elsewhere)."""
+    if torch.device(device).type != "cuda":
+        return {}
     return {
         "allocated_bytes": torch.cuda.memory_allocated(device),
         "reserved_bytes": torch.cuda.memory_reserved(device),
@@ -80,7 +102,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
         return record
     torch.cuda.synchronize(device)
     record["load_s"] = round(time.perf_counter() - started, 2)
-    after_load = _gpu_memory(device)
+    after_load = gpu_memory(device)
     record.update(
         resident_bytes=after_load["allocated_bytes"],
         reserved_bytes=after_load["reserved_bytes"],
@@ -105,26 +127,13 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
         torch.cuda.empty_cache()
 
     if new_tokens:
-        ids = prompt_ids(tokenizer, 32, cuda)
         torch.cuda.reset_peak_memory_stats(device)
-        torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-            )
-        torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - started
-        tokens = out[0, ids.shape[1]:].tolist()
+        decoded = greedy(model, tokenizer, new_tokens)
         record.update(
-            greedy_tokens=tokens,
-            greedy_token_count=len(tokens),
-            greedy_sha256=hashlib.sha256(json.dumps(tokens).encode()).hexdigest(),
-            seconds_per_token=round(elapsed / len(tokens), 4),
+            greedy_tokens=decoded["tokens"],
+            greedy_token_count=len(decoded["tokens"]),
+            greedy_sha256=decoded["sha256"],
+            seconds_per_token=round(decoded["seconds_per_token"], 4),
             peak_generate_bytes=torch.cuda.max_memory_allocated(device),
         )
     return record

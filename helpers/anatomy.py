@@ -1,0 +1,110 @@
+"""Reading a model you did not write: its module tree, sizes per device and dtype, tied weights.
+
+Sizes come from accelerate's ``compute_module_sizes``; on a meta-device model they cost no
+memory, so E4B can be inspected on any laptop.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .placement import human_bytes
+
+
+def modules_named(model, suffix: str) -> list:
+    """Full names of the modules whose name ends in ``suffix`` (robust to PEFT and other prefixes)."""
+    return [name for name, _ in model.named_modules() if name == suffix or name.endswith("." + suffix)]
+
+
+def module_sizes(model) -> dict:
+    """Bytes per module name, including its children (accelerate's own accounting)."""
+    from accelerate.utils import compute_module_sizes
+
+    return compute_module_sizes(model)
+
+
+@dataclass
+class Tree:
+    lines: list
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+
+def tree(model, max_depth: int = 2, root: str = "") -> Tree:
+    """The module tree down to ``max_depth``, each line with its class and size."""
+    sizes = module_sizes(model)
+    start = model.get_submodule(root) if root else model
+    lines = []
+    for name, module in start.named_modules():
+        full = f"{root}.{name}" if root and name else (root or name)
+        depth = name.count(".") + 1 if name else 0
+        if depth > max_depth:
+            continue
+        label = full.rsplit(".", 1)[-1] if full else type(model).__name__
+        children = sum(1 for _ in module.children())
+        more = f"  ({children} children)" if depth == max_depth and children else ""
+        lines.append(f"{'    ' * depth}{label}: {type(module).__name__}  {human_bytes(sizes.get(full, 0))}{more}")
+    return Tree(lines)
+
+
+def bytes_by_device_and_dtype(model) -> dict:
+    """``{(device, dtype): bytes}`` over parameters and buffers, tied weights counted once."""
+    totals: dict = defaultdict(int)
+    seen = set()
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        key = id(tensor) if tensor.device.type == "meta" else (tensor.device, tensor.data_ptr())
+        if key in seen:
+            continue
+        seen.add(key)
+        totals[(str(tensor.device), str(tensor.dtype).replace("torch.", ""))] += tensor.numel() * tensor.element_size()
+    return dict(totals)
+
+
+def tied_parameters(model) -> list:
+    """Groups of parameter names that share one tensor (accelerate's ``find_tied_parameters``)."""
+    from accelerate.utils import find_tied_parameters
+
+    return find_tied_parameters(model)
+
+
+def parameter_count(model, count_tied_once: bool = True) -> int:
+    params = model.named_parameters(remove_duplicate=count_tied_once)
+    return sum(p.numel() for _, p in params)
+
+
+def explorer(model):
+    """An ipywidgets browser of the module tree: pick a child to go down, ``..`` to go up."""
+    import ipywidgets as widgets
+
+    sizes = module_sizes(model)
+    path = widgets.Text(value="", description="module", disabled=True, layout=widgets.Layout(width="80%"))
+    children = widgets.Select(rows=14, layout=widgets.Layout(width="80%"))
+
+    def show(prefix: str) -> None:
+        module = model.get_submodule(prefix) if prefix else model
+        options = [("..", "..")] if prefix else []
+        for name, child in module.named_children():
+            full = f"{prefix}.{name}" if prefix else name
+            options.append((f"{name}: {type(child).__name__}  {human_bytes(sizes.get(full, 0))}", full))
+        path.value = prefix or f"({type(model).__name__})"
+        children.unobserve(on_pick, names="value")
+        children.options = options
+        children.value = None
+        children.observe(on_pick, names="value")
+
+    def on_pick(change) -> None:
+        if change["new"] is None:
+            return
+        current = "" if path.value.startswith("(") else path.value
+        target = current.rsplit(".", 1)[0] if change["new"] == ".." and "." in current else (
+            "" if change["new"] == ".." else change["new"])
+        show(target)
+
+    children.observe(on_pick, names="value")
+    show("")
+    return widgets.VBox([path, children])
