@@ -6,6 +6,7 @@ memory, so E4B can be inspected on any laptop.
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -78,8 +79,15 @@ def parameter_count(model, count_tied_once: bool = True) -> int:
 
 
 def explorer(model):
-    """An ipywidgets browser of the module tree: pick a child to go down, ``..`` to go up."""
-    import ipywidgets as widgets
+    """An ipywidgets browser of the module tree: pick a child to go down, ``..`` to go up.
+
+    Without ipywidgets it says how to get it and returns the text tree instead."""
+    try:
+        import ipywidgets as widgets
+    except ImportError:
+        warnings.warn("The explorer needs ipywidgets: `pip install ipywidgets`, then restart the kernel. "
+                      "Showing the text tree instead.", stacklevel=2)
+        return tree(model, max_depth=3)
 
     sizes = module_sizes(model)
     path = widgets.Text(value="", description="module", disabled=True, layout=widgets.Layout(width="80%"))

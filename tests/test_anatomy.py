@@ -57,3 +57,19 @@ def test_the_explorer_walks_down_and_back_up(tiny_nf4):
     assert any("embed_tokens_per_layer" in label for label, _ in children.options)
     children.value = ".."
     assert path.value == "model"
+
+
+def test_without_ipywidgets_the_explorer_names_the_fix_and_shows_the_text_tree(tiny_nf4, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_widgets(name, *args, **kwargs):
+        if name == "ipywidgets":
+            raise ImportError("No module named 'ipywidgets'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_widgets)
+    with pytest.warns(UserWarning, match="pip install ipywidgets"):
+        shown = anatomy.explorer(tiny_nf4)
+    assert isinstance(shown, anatomy.Tree) and "embed_tokens_per_layer" in str(shown)
