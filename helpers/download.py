@@ -123,21 +123,22 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
     )
 
 
-def git_blob_sha1(path: Path) -> str:
-    digest = hashlib.sha1()
-    digest.update(f"blob {path.stat().st_size}\0".encode())
+def _file_digest(path: Path, digest, header: bytes = b"") -> str:
+    digest.update(header)
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
+        for block in iter(lambda: handle.read(1 << 20), b""):  # 16 GB files: never read whole
             digest.update(block)
     return digest.hexdigest()
+
+
+def git_blob_sha1(path: Path) -> str:
+    """The id git (and the Hub's ETag) gives a small file."""
+    return _file_digest(Path(path), hashlib.sha1(), f"blob {Path(path).stat().st_size}\0".encode())
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    """The id of an LFS file (and the Hub's ETag for it)."""
+    return _file_digest(Path(path), hashlib.sha256())
 
 
 def verify(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patterns=COURSE_PATTERNS) -> dict:

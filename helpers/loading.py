@@ -174,8 +174,7 @@ def load_model(
         placement.validate_device_map(skeleton, device_map)
     cpu_entries = target.type == "cuda" and "cpu" in set(device_map.values())
     if check_memory:
-        estimate = memory.weight_bytes(skeleton, quant, ple if cpu_entries or target.type == "cuda" else "gpu", keep_bf16)
-        check_fits(estimate, target, quant, ple)
+        check_fits(memory.weight_bytes(skeleton, quant, ple, keep_bf16, double_quant), target, quant, ple)
     del skeleton
     kwargs = dict(dtype=torch.bfloat16, device_map=device_map)
     quant_config = quantization_config(quant, cpu_entries=cpu_entries, keep_bf16=keep_bf16,
@@ -192,17 +191,13 @@ def load_model(
         ) from None
     model.eval()
     if ple == "cpu":
-        placement.offload_ple(model, target) if target.type != "cuda" else _install_lookups(model, target)
+        for name in placement.require_ple(model):
+            placement.install_cpu_lookup(model.get_submodule(name), target)
     return model
 
 
 def _map_value(device: torch.device):
     return device.index if device.type == "cuda" else str(device)
-
-
-def _install_lookups(model, target: torch.device) -> None:
-    for name in placement.require_ple(model):
-        placement.install_cpu_lookup(model.get_submodule(name), target)
 
 
 def load_processor(source=None):

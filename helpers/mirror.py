@@ -13,7 +13,6 @@ psutil<6) conflict with Jupyter's.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import socket
@@ -23,6 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
+from .download import sha256
 from .errors import CourseError
 from .paths import cache_dir
 
@@ -68,14 +68,6 @@ def _git(repo: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def repository_path(mirrors_root: Path, repo_id: str) -> Path:
     return Path(mirrors_root) / "models" / repo_id
 
@@ -104,7 +96,7 @@ def prepare_repository(model_dir, mirrors_root, repo_id: str, lfs_threshold: int
             destination.parent.mkdir(parents=True, exist_ok=True)
             size = source.stat().st_size
             if size > lfs_threshold:
-                oid = _sha256(source)
+                oid = sha256(source)
                 obj = staging / ".git" / "lfs" / "objects" / oid[:2] / oid[2:4] / oid
                 obj.parent.mkdir(parents=True, exist_ok=True)
                 try:

@@ -1,7 +1,6 @@
 """Reading the model: tree, sizes per device and dtype, tied weights, the PLE by suffix, the explorer."""
 
 import pytest
-import torch
 from torch import nn
 
 from helpers import anatomy, loading, memory, synthetic

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import download, faults, mirror, synthetic
+from helpers import download, faults, mirror
 
 REPO = "google/gemma-4-E4B-it"
 SMALL_LFS = 100 * 1024  # store the tiny checkpoint's larger files as LFS objects, as the Hub does

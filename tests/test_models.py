@@ -1,6 +1,5 @@
 """One resolver for hub ids, folders and synthetic names."""
 
-import os
 import shutil
 
 import pytest

@@ -79,7 +79,6 @@ def test_the_install_cell_makes_helpers_importable_in_an_already_running_kernel(
     """What happens on Colab: a kernel without the course runs the install cell, then imports helpers."""
     import shutil
     import subprocess
-    import sys
     import venv
 
     repo = tmp_path / "course"
