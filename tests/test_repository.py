@@ -26,3 +26,12 @@ def test_no_code_reads_the_shared_folder_outside_the_repository():
 def test_readme_names_the_two_setup_commands_near_the_top():
     head = (ROOT / "README.md").read_text().split("## Which model")[0]
     assert "make course" in head and "make test" in head
+
+
+def test_the_gpu_workflow_runs_make_test_gpu_on_a_self_hosted_gpu_runner():
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "gpu.yml").read_text())
+    job = workflow["jobs"]["gpu"]
+    assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
+    assert any("make test-gpu" in step.get("run", "") for step in job["steps"])
