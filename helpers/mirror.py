@@ -40,23 +40,33 @@ def olah_home() -> Path:
     return Path(override).expanduser() if override else Path.home() / ".cache" / "gemma-course-tools" / f"olah-{OLAH_VERSION}"
 
 
-def olah_cli() -> Path:
-    """The ``olah-cli`` of a virtual environment kept apart from the course's (installed on first use)."""
+def olah_command() -> list:
+    """How to start olah: from this environment if olah is importable here (as on a GPU box with
+    carried wheels), else from a virtual environment of its own, installed on first use."""
+    import importlib.util
+
+    if importlib.util.find_spec("olah") is not None:
+        return [sys.executable, "-c", "from olah.server import cli; cli()"]
     home = olah_home()
-    cli = home / ("Scripts" if os.name == "nt" else "bin") / "olah-cli"
-    if cli.exists():
-        return cli
+    python = home / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    cli = python.parent / "olah-cli"
+    if not cli.exists():
+        _install_olah_venv(home)
+    # the venv was built elsewhere and renamed, so run its script through its python, not its shebang
+    return [str(python), str(cli)]
+
+
+def _install_olah_venv(home: Path) -> None:
     staging = home.with_name(f".{home.name}.partial-{uuid.uuid4().hex[:8]}")
     try:
         subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True)
-        pip = staging / ("Scripts" if os.name == "nt" else "bin") / "python"
-        subprocess.run([str(pip), "-m", "pip", "install", "-q", f"olah=={OLAH_VERSION}"], check=True)
+        python = staging / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"olah=={OLAH_VERSION}"], check=True)
     except subprocess.CalledProcessError as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise MirrorError(f"Could not install olah {OLAH_VERSION} into {home} ({err}); check your connection to PyPI.") from None
     home.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(staging, home)  # venvs hard-code their path; olah-cli is run through its python below
-    return cli
+    os.replace(staging, home)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -143,7 +153,7 @@ class Mirror:
     def start(self, timeout: float = 60) -> "Mirror":
         import urllib.request
 
-        cli = olah_cli()
+        command = olah_command()
         config = self.workdir / f"olah-{self.port}.toml"
         self.workdir.mkdir(parents=True, exist_ok=True)
         config.write_text(
@@ -153,9 +163,8 @@ class Mirror:
             f'repos-path = "{(self.workdir / "olah-cache").as_posix()}"\n'
             "[accessibility]\noffline = true\n"
         )
-        python = cli.parent / ("python.exe" if os.name == "nt" else "python")
         self.log = open(self.workdir / f"olah-{self.port}.log", "w")
-        self.process = subprocess.Popen([str(python), str(cli), "-c", str(config)], stdout=self.log,
+        self.process = subprocess.Popen([*command, "-c", str(config)], stdout=self.log,
                                         stderr=subprocess.STDOUT, cwd=self.workdir)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

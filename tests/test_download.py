@@ -154,3 +154,12 @@ def test_a_gated_model_says_to_accept_the_licence_and_log_in(monkeypatch, tmp_pa
     monkeypatch.setattr(huggingface_hub, "snapshot_download", gated)
     with pytest.raises(download.ModelNotFoundError, match="accept its licence.*hf auth login"):
         download.download(REPO, tmp_path, max_attempts=3, sleep=lambda s: None)
+
+
+def test_an_olah_importable_here_is_started_with_this_python_not_a_venv(monkeypatch):
+    import importlib.util
+    import sys as system
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "olah" else real(name, *a))
+    assert mirror.olah_command() == [system.executable, "-c", "from olah.server import cli; cli()"]
