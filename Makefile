@@ -54,7 +54,7 @@ test-gpu-tier:
 
 test-gpu-notebooks:
 	mkdir -p build
-	PYTHONPATH=$(CURDIR):$$PYTHONPATH GEMMA_MODEL=$${GEMMA_MODEL:-e4b-shape} $(PYTHON_GPU) -m pytest --nbval-lax \
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH GEMMA_MODEL=$${GEMMA_MODEL:-e4b-shape} $(PYTHON_GPU) -m pytest --nbval-lax --nbval-cell-timeout=600 \
 		--nbval-current-env -p no:cacheprovider -v --junitxml=build/nbval-gpu.xml $(GPU_NOTEBOOKS); status=$$?; \
 	if [ "$${GPU_RECORD:-0}" = 1 ]; then PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) tools/record_nbval.py build/nbval-gpu.xml; fi; \
 	exit $$status

@@ -169,7 +169,9 @@ class Mirror:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise MirrorError(f"olah exited at start; see {self.log.name}")
+                self.log.flush()
+                tail = Path(self.log.name).read_text(errors="replace").strip().splitlines()[-3:]
+                raise MirrorError(f"olah exited at start ({' | '.join(tail) or 'no output'}); full log: {self.log.name}")
             try:
                 with urllib.request.urlopen(f"{self.endpoint}/api/models/{self.repo_id}/revision/main", timeout=2) as reply:
                     if reply.status == 200:

@@ -163,3 +163,11 @@ def test_an_olah_importable_here_is_started_with_this_python_not_a_venv(monkeypa
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "olah" else real(name, *a))
     assert mirror.olah_command() == [system.executable, "-c", "from olah.server import cli; cli()"]
+
+
+def test_an_olah_that_dies_at_start_is_reported_with_its_last_words(source, tmp_path, monkeypatch):
+    import sys as system
+
+    monkeypatch.setattr(mirror, "olah_command", lambda: [system.executable, "-c", "print('olah: config broken'); raise SystemExit(3)"])
+    with pytest.raises(mirror.MirrorError, match="config broken"):
+        mirror.Mirror(source, REPO, workdir=tmp_path).start(timeout=20)
