@@ -10,7 +10,7 @@ TRANSFORMERS_MATRIX ?= 5.5.2 5.17.0
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: install test test-cpu test-notebooks test-matrix test-gpu test-gpu-tier test-gpu-notebooks course lab gpu-wheels clean
+.PHONY: bench install test test-cpu test-notebooks test-matrix test-gpu test-gpu-tier test-gpu-notebooks course lab gpu-wheels clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@# On a CUDA machine the venv sees the system's torch and leaves it alone.
@@ -65,6 +65,11 @@ course: install
 
 lab: install
 	$(VENV)/bin/jupyter lab notebooks/
+
+## make bench PRESET=quick|memory|cards|speed: the benchmark on a GPU (records under data/measurements/)
+PRESET ?= quick
+bench:
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) -m helpers.bench $(PRESET)
 
 ## make gpu-wheels: wheels to carry to a GPU box without a registry
 gpu-wheels:

@@ -39,7 +39,9 @@ def prompt_ids(tokenizer, length: int, device) -> torch.Tensor:
 
 def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32) -> dict:
     """Greedy-decode exactly ``new_tokens`` after a fixed prompt; tokens, their hash and the time."""
-    device = next(p.device for p in model.parameters() if p.device.type != "meta")
+    from .placement import compute_device_of
+
+    device = compute_device_of(model)  # not the PLE table's device, which may be the CPU
     ids = prompt_ids(tokenizer, prompt_length, device)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     synchronize()
@@ -84,19 +86,58 @@ def _load(route: str, source, quant: str, device: int):
     return loading.auto_class_for(config).from_pretrained(path, dtype=torch.bfloat16, device_map=device_map, **kwargs)
 
 
-def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int = 256, contexts=(), card_gb=None):
+def largest_true(low: int, high: int, predicate, resolution: int = 256):
+    """The largest value in [low, high] (to ``resolution``) where a monotone ``predicate`` holds;
+    None if it fails already at ``low``."""
+    if not predicate(low):
+        return None
+    if predicate(high):
+        return high
+    while high - low > resolution:
+        middle = (low + high) // 2
+        low, high = (middle, high) if predicate(middle) else (low, middle)
+    return low
+
+
+def fits_context(model, tokenizer, context: int, device, decode_tokens: int = 8) -> bool:
+    """Does a prefill of ``context`` tokens plus a few decoded ones run without running out of memory?"""
+    ids = prompt_ids(tokenizer, context, device)
+    try:
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=decode_tokens,
+                           min_new_tokens=decode_tokens, do_sample=False)
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        del ids
+        torch.cuda.empty_cache()
+
+
+def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int = 256, contexts=(), card_gb=None,
+            decode_runs: int = 1, search_max_context: bool = False, max_context_limit: int = 32768):
+    """Measure one route in this process. ``decode_runs`` > 1 adds a warm-up run and reports the
+    median decode speed; ``search_max_context`` bisects the largest context that prefills and decodes."""
     from . import loading, placement
+    from .errors import CourseError
 
     torch.cuda.init()
     index, device = device, torch.device("cuda", device)
     if card_gb is not None:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, card_gb * 1e9 / total), device)
-    record = {"route": route, "quant": quant, "model": str(source), "card_gb": card_gb}
+    record = {"route": route, "quant": quant, "model": str(source), "card_gb": card_gb,
+              "ple": route.split("-")[1] if route.startswith("ple-") else None}
     torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
     try:
         model = _load(route, source, quant, index)
+    except torch.OutOfMemoryError as err:
+        record.update(load_error=f"OutOfMemoryError: {str(err).splitlines()[0]}", load_oom=True)
+        return record
+    except CourseError as err:
+        record.update(load_error=f"{type(err).__name__}: {err}", load_oom=type(err).__name__ == "InsufficientGPUMemoryError")
+        return record
     except (ValueError, RuntimeError) as err:
         record["load_error"] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
         return record
@@ -111,31 +152,44 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
     )
     tokenizer = loading.load_processor(source)
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
-    cuda = device
 
     record["prefill"] = []
     for context in contexts:
-        ids = prompt_ids(tokenizer, context, cuda)
+        ids = prompt_ids(tokenizer, context, device)
         torch.cuda.reset_peak_memory_stats(device)
         try:
+            torch.cuda.synchronize(device)
+            began = time.perf_counter()
             with torch.no_grad():
                 model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
             torch.cuda.synchronize(device)
-            record["prefill"].append({"context": context, "peak_bytes": torch.cuda.max_memory_allocated(device)})
+            record["prefill"].append({"context": context, "peak_bytes": torch.cuda.max_memory_allocated(device),
+                                      "tokens_per_s": round(context / (time.perf_counter() - began), 1)})
         except torch.OutOfMemoryError:
             record["prefill"].append({"context": context, "oom": True})
+        del ids
         torch.cuda.empty_cache()
 
     if new_tokens:
         torch.cuda.reset_peak_memory_stats(device)
-        decoded = greedy(model, tokenizer, new_tokens)
+        runs = [greedy(model, tokenizer, new_tokens) for _ in range(decode_runs + (1 if decode_runs > 1 else 0))]
+        timed = runs[1:] if decode_runs > 1 else runs  # the first of several is the warm-up
+        speeds = sorted(1 / r["seconds_per_token"] for r in timed)
+        decoded = runs[0]
+        if len({r["sha256"] for r in runs}) != 1:
+            record["greedy_unstable"] = True  # the same greedy run gave different tokens: a bug, not noise
         record.update(
             greedy_tokens=decoded["tokens"],
             greedy_token_count=len(decoded["tokens"]),
             greedy_sha256=decoded["sha256"],
             seconds_per_token=round(decoded["seconds_per_token"], 4),
+            decode_tokens_per_s=round(speeds[len(speeds) // 2], 2),
             peak_generate_bytes=torch.cuda.max_memory_allocated(device),
         )
+
+    if search_max_context:
+        record["max_context"] = largest_true(
+            512, max_context_limit, lambda context: fits_context(model, tokenizer, context, device))
     return record
 
 
@@ -179,13 +233,16 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--context", type=int, action="append", default=[], help="prefill length (repeatable)")
     parser.add_argument("--card-gb", type=float, default=None, help="simulate a card of this many GB")
+    parser.add_argument("--decode-runs", type=int, default=1, help="median decode speed over this many runs after a warm-up")
+    parser.add_argument("--search-max-context", action="store_true", help="bisect the largest context that runs")
     parser.add_argument("--json", type=Path, required=True, help="where to write the record")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("helpers.measure needs a CUDA GPU; run it on a GPU machine (or Colab with a GPU runtime).")
         return 2
     record = measure(
-        args.model, args.quant, args.route, new_tokens=args.new_tokens, contexts=args.context, card_gb=args.card_gb
+        args.model, args.quant, args.route, new_tokens=args.new_tokens, contexts=args.context, card_gb=args.card_gb,
+        decode_runs=args.decode_runs, search_max_context=args.search_max_context,
     )
     record.update(environment(), command=" ".join(["python -m helpers.measure", *(argv or sys.argv[1:])]))
     args.json.parent.mkdir(parents=True, exist_ok=True)

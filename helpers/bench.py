@@ -1,0 +1,170 @@
+"""The course's benchmark: a grid of configurations, each measured in a fresh process on a GPU,
+recorded under data/measurements/, with PLE-on-CPU vs PLE-on-GPU ratios from the same run.
+
+    python -m helpers.bench quick            # or: memory, cards, speed
+    python -m helpers.bench memory --dry-run # list what a preset would run
+
+Each configuration runs ``python -m helpers.measure`` in its own process, so an out-of-memory
+error is recorded as a result and cannot poison the next one. Records accumulate: every run
+appends one JSON line per configuration to ``data/measurements/<model>.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MEASUREMENTS = Path(__file__).resolve().parents[1] / "data" / "measurements"
+MODELS = ("e4b-shape", "e2b-shape")
+PLES = ("gpu", "cpu")
+MEMORY_CONTEXTS = (512, 2048, 4096, 8500, 16384)
+CARDS_GB = (8, 15, 16)  # RTX 4060, Colab T4 (15 GB usable), the seed issue's 16 GB laptop card
+
+
+@dataclass(frozen=True)
+class Configuration:
+    model: str
+    quant: str
+    ple: str
+    card_gb: float | None = None
+    contexts: tuple = ()
+    new_tokens: int = 64
+    decode_runs: int = 1
+    search_max_context: bool = False
+
+    def command(self, json_path) -> list:
+        cmd = [sys.executable, "-m", "helpers.measure", "--model", self.model, "--quant", self.quant,
+               "--route", f"ple-{self.ple}", "--new-tokens", str(self.new_tokens),
+               "--decode-runs", str(self.decode_runs), "--json", str(json_path)]
+        for context in self.contexts:
+            cmd += ["--context", str(context)]
+        if self.card_gb is not None:
+            cmd += ["--card-gb", str(self.card_gb)]
+        if self.search_max_context:
+            cmd.append("--search-max-context")
+        return cmd
+
+
+def presets() -> dict:
+    """Named parts of the grid, each meant to finish within 10 minutes on one H200."""
+    return {
+        "quick": [Configuration("e4b-shape", "nf4", ple, contexts=(512, 2048)) for ple in PLES],
+        "memory": [Configuration(model, quant, ple, contexts=MEMORY_CONTEXTS, new_tokens=32)
+                   for model in MODELS for quant in ("bf16", "int8", "nf4") for ple in PLES],
+        "cards": [Configuration(model, "nf4", ple, card_gb=card, new_tokens=16, search_max_context=True)
+                  for model in MODELS for card in CARDS_GB for ple in PLES],
+        "speed": [Configuration(model, "nf4", ple, contexts=(512, 4096), new_tokens=128, decode_runs=3)
+                  for model in MODELS for ple in PLES],
+    }
+
+
+def run_in_fresh_process(config: Configuration, timeout_s: float = 540) -> dict:
+    with tempfile.TemporaryDirectory() as scratch:
+        target = Path(scratch) / "record.json"
+        try:
+            done = subprocess.run(config.command(target), timeout=timeout_s, capture_output=True, text=True)
+        except subprocess.TimeoutExpired:
+            return {"crashed": f"timed out after {timeout_s:.0f} s"}
+        if done.returncode != 0 or not target.is_file():
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            return {"crashed": f"exit {done.returncode}: {last[0][:300]}"}
+        return json.loads(target.read_text())
+
+
+def append_record(record: dict, directory: Path = MEASUREMENTS) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{record['configuration']['model']}.jsonl"
+    with open(target, "a") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+    return target
+
+
+@dataclass
+class Comparison:
+    """PLE on CPU against PLE on GPU, for one model, quantization and card, from the same run."""
+    model: str
+    quant: str
+    card_gb: float | None
+    ratios: dict = field(default_factory=dict)
+    greedy_match: bool | None = None
+
+
+def _ratio(numerator, denominator):
+    return round(numerator / denominator, 3) if numerator and denominator else None
+
+
+def compare(records: list) -> list:
+    by_key: dict = {}
+    for record in records:
+        config = record["configuration"]
+        by_key.setdefault((config["model"], config["quant"], config["card_gb"]), {})[config["ple"]] = record
+    comparisons = []
+    for (model, quant, card), pair in sorted(by_key.items(), key=lambda item: str(item[0])):
+        gpu, cpu = pair.get("gpu"), pair.get("cpu")
+        if gpu is None or cpu is None:
+            continue
+        comparison = Comparison(model, quant, card)
+        comparison.ratios["resident"] = _ratio(cpu.get("resident_bytes"), gpu.get("resident_bytes"))
+        comparison.ratios["decode_speed"] = _ratio(cpu.get("decode_tokens_per_s"), gpu.get("decode_tokens_per_s"))
+        gpu_prefill = {p["context"]: p for p in gpu.get("prefill", [])}
+        for point in cpu.get("prefill", []):
+            other = gpu_prefill.get(point["context"], {})
+            comparison.ratios[f"peak@{point['context']}"] = _ratio(point.get("peak_bytes"), other.get("peak_bytes"))
+            comparison.ratios[f"prefill_speed@{point['context']}"] = _ratio(point.get("tokens_per_s"), other.get("tokens_per_s"))
+        if "max_context" in cpu or "max_context" in gpu:
+            comparison.ratios["max_context"] = (gpu.get("max_context"), cpu.get("max_context"))
+        if gpu.get("greedy_sha256") and cpu.get("greedy_sha256"):
+            comparison.greedy_match = gpu["greedy_sha256"] == cpu["greedy_sha256"]
+        comparisons.append(comparison)
+    return comparisons
+
+
+def run_preset(name: str, *, runner=run_in_fresh_process, directory: Path = MEASUREMENTS, command: str = "") -> tuple:
+    """Run every configuration of a preset, append its records, and compare the placements."""
+    configurations = presets()[name]
+    records = []
+    for number, config in enumerate(configurations, 1):
+        print(f"[{number}/{len(configurations)}] {config.model} {config.quant} ple={config.ple} card={config.card_gb}", flush=True)
+        record = runner(config)
+        record.update(configuration=asdict(config), preset=name, command=command or f"python -m helpers.bench {name}",
+                      recorded_at=datetime.datetime.now().isoformat(timespec="seconds"))
+        record.pop("greedy_tokens", None)  # the hash and the count stay
+        append_record(record, directory)
+        records.append(record)
+    return records, compare(records)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("preset", choices=sorted(presets()))
+    parser.add_argument("--dry-run", action="store_true", help="list the configurations and exit")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        for config in presets()[args.preset]:
+            print(" ".join(config.command("<record.json>")[1:]))
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("helpers.bench measures GPU memory and speed: run it on a CUDA machine.")
+        return 2
+    records, comparisons = run_preset(args.preset, command="python -m helpers.bench " + " ".join(argv or sys.argv[1:]))
+    crashed = [r for r in records if "crashed" in r]
+    for comparison in comparisons:
+        print(f"{comparison.model} {comparison.quant} card={comparison.card_gb}: PLE on CPU / on GPU = {comparison.ratios}; "
+              f"greedy identical: {comparison.greedy_match}")
+    mismatched = [c for c in comparisons if c.greedy_match is False]
+    if mismatched or crashed:
+        print(f"FAILED: {len(mismatched)} greedy mismatch(es), {len(crashed)} crashed configuration(s)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

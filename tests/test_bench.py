@@ -1,0 +1,66 @@
+"""The benchmark's orchestration on CPU (the measurements themselves need a GPU: make bench)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import bench
+from helpers.measure import largest_true
+
+
+def test_bisection_finds_the_largest_context_that_fits_to_the_resolution():
+    assert 9000 - 256 <= largest_true(512, 32768, lambda c: c <= 9000) <= 9000
+    assert largest_true(512, 32768, lambda c: True) == 32768
+    assert largest_true(512, 32768, lambda c: False) is None  # does not even load a short prompt
+
+
+def test_every_preset_runs_each_configuration_with_both_placements():
+    for name, configurations in bench.presets().items():
+        keys = {(c.model, c.quant, c.card_gb, c.contexts) for c in configurations}
+        for key in keys:
+            assert {c.ple for c in configurations if (c.model, c.quant, c.card_gb, c.contexts) == key} == {"gpu", "cpu"}, name
+    assert {c.card_gb for c in bench.presets()["cards"]} == {8, 15, 16}
+    assert 8500 in bench.MEMORY_CONTEXTS
+
+
+def test_dry_run_lists_measure_commands_without_a_gpu():
+    done = subprocess.run([sys.executable, "-m", "helpers.bench", "cards", "--dry-run"], capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and len(lines) == len(bench.presets()["cards"])
+    assert all(line.startswith("-m helpers.measure") and "--search-max-context" in line for line in lines)
+
+
+def fake_runner(mismatch=False, crash_on=None):
+    def run(config):
+        if crash_on == config.ple:
+            return {"crashed": "exit 1: boom"}
+        resident = 3.9e9 if config.ple == "cpu" else 9.5e9
+        return {"resident_bytes": resident, "decode_tokens_per_s": 9.0,
+                "prefill": [{"context": c, "peak_bytes": resident + 1.7e9, "tokens_per_s": 4000.0} for c in config.contexts],
+                "greedy_sha256": "b" if (mismatch and config.ple == "cpu") else "a", "greedy_tokens": [1, 2]}
+    return run
+
+
+def test_records_accumulate_and_ratios_compare_placements_from_the_same_run(tmp_path):
+    records, comparisons = bench.run_preset("quick", runner=fake_runner(), directory=tmp_path)
+    bench.run_preset("quick", runner=fake_runner(), directory=tmp_path)
+    lines = (tmp_path / "e4b-shape.jsonl").read_text().splitlines()
+    assert len(lines) == 2 * len(records)  # a second run appends, never overwrites
+    assert all("greedy_tokens" not in json.loads(line) for line in lines)
+    (comparison,) = comparisons
+    assert comparison.ratios["resident"] == pytest.approx(3.9 / 9.5, abs=1e-3)
+    assert comparison.ratios["peak@2048"] == pytest.approx(5.6 / 11.2, abs=1e-3)
+    assert comparison.greedy_match is True
+
+
+def test_a_greedy_mismatch_between_placements_is_reported(tmp_path):
+    _, comparisons = bench.run_preset("quick", runner=fake_runner(mismatch=True), directory=tmp_path)
+    assert [c.greedy_match for c in comparisons] == [False]
+
+
+def test_a_crashed_configuration_is_recorded_as_a_result_not_raised(tmp_path):
+    records, comparisons = bench.run_preset("quick", runner=fake_runner(crash_on="gpu"), directory=tmp_path)
+    assert any("crashed" in r for r in records)
+    assert comparisons[0].ratios["resident"] is None
