@@ -10,7 +10,7 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .placement import human_bytes
+from .placement import human_bytes, unique_tensors
 
 
 def modules_named(model, suffix: str) -> list:
@@ -56,12 +56,7 @@ def tree(model, max_depth: int = 2, root: str = "") -> Tree:
 def bytes_by_device_and_dtype(model) -> dict:
     """``{(device, dtype): bytes}`` over parameters and buffers, tied weights counted once."""
     totals: dict = defaultdict(int)
-    seen = set()
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        key = id(tensor) if tensor.device.type == "meta" else (tensor.device, tensor.data_ptr())
-        if key in seen:
-            continue
-        seen.add(key)
+    for _, _, _, tensor in unique_tensors(model):
         totals[(str(tensor.device), str(tensor.dtype).replace("torch.", ""))] += tensor.numel() * tensor.element_size()
     return dict(totals)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .placement import PLE_SUFFIX, part_of
+from .placement import PLE_SUFFIX, part_of, unique_tensors
 
 # bytes per weight element, including bitsandbytes' per-block statistics
 # (4-bit: one fp32 absmax per 64 weights; 8-bit: one fp32 scale per output row, ignored)
@@ -78,22 +78,15 @@ def weight_bytes(model, quant: str = "nf4", ple: str = "cpu", keep_bf16=(), doub
     sizes = compute_module_sizes(model)
     gpu = cpu = 0
     by_part: dict = {}
-    seen: set = set()
-    for module_name, module in model.named_modules():
-        for tensor_name, tensor in list(module.named_parameters(recurse=False)) + list(
-            module.named_buffers(recurse=False)
-        ):
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-            full = f"{module_name}.{tensor_name}" if module_name else tensor_name
-            size = sizes[full]
-            if quant != "bf16" and _is_quantized_linear_weight(module_name, module, tensor_name, skip):
-                size = int(tensor.numel() * per_element)
-            if ple == "cpu" and module_name.split(".")[-1] == PLE_SUFFIX:
-                cpu += size
-                continue
-            gpu += size
-            part = part_of(full)
-            by_part[part] = by_part.get(part, 0) + size
+    for module_name, module, tensor_name, tensor in unique_tensors(model):
+        full = f"{module_name}.{tensor_name}" if module_name else tensor_name
+        size = sizes[full]
+        if quant != "bf16" and _is_quantized_linear_weight(module_name, module, tensor_name, skip):
+            size = int(tensor.numel() * per_element)
+        if ple == "cpu" and module_name.split(".")[-1] == PLE_SUFFIX:
+            cpu += size
+            continue
+        gpu += size
+        part = part_of(full)
+        by_part[part] = by_part.get(part, 0) + size
     return WeightEstimate(gpu_bytes=gpu, cpu_bytes=cpu, by_part=by_part)

@@ -105,15 +105,13 @@ def ple_device_map(model, compute_device, ple_device="cpu") -> dict:
     return device_map
 
 
-def auto_device_map(model, max_memory: dict, quantized: bool = False) -> dict:
+def auto_device_map(model, max_memory: dict) -> dict:
     """The map ``device_map="auto"`` would choose under ``max_memory``, computed by accelerate on
-    a meta model (no GPU needed). bitsandbytes loads reserve 10% more headroom, as transformers does."""
+    a meta model (no GPU needed)."""
     from accelerate import infer_auto_device_map
     from accelerate.utils import convert_file_size_to_int
 
     budget = {k: convert_file_size_to_int(v) if isinstance(v, str) else v for k, v in max_memory.items()}
-    if quantized:
-        budget = {k: int(v * 0.9) for k, v in budget.items()}
     return infer_auto_device_map(model, max_memory=budget, no_split_module_classes=model._no_split_modules)
 
 
@@ -280,10 +278,10 @@ class PlacementReport:
         printer.text(str(self))
 
 
-def report(model) -> PlacementReport:
-    """Where each top-level part lives, in bytes per device; tied weights are counted once."""
+def unique_tensors(model):
+    """Each parameter and buffer once, as ``(module_name, module, tensor_name, tensor)``: tied
+    weights share storage and are yielded once (on ``meta``, where there is no storage, by identity)."""
     seen: set = set()
-    parts: dict = defaultdict(lambda: defaultdict(int))
     for module_name, module in model.named_modules():
         tensors = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
         for tensor_name, tensor in tensors:
@@ -293,14 +291,21 @@ def report(model) -> PlacementReport:
             if key in seen:
                 continue
             seen.add(key)
-            full = f"{module_name}.{tensor_name}" if module_name else tensor_name
-            size = tensor.numel() * tensor.element_size()
-            hook = getattr(module, "_hf_hook", None)
-            if tensor.device.type == "meta" and getattr(hook, "offload", False):
-                stored = hook.weights_map.get(tensor_name) if hook.weights_map is not None else None
-                if stored is not None:
-                    size = stored.numel() * stored.element_size()
-            parts[part_of(full)][_where(module, tensor_name, tensor)] += size
+            yield module_name, module, tensor_name, tensor
+
+
+def report(model) -> PlacementReport:
+    """Where each top-level part lives, in bytes per device; tied weights are counted once."""
+    parts: dict = defaultdict(lambda: defaultdict(int))
+    for module_name, module, tensor_name, tensor in unique_tensors(model):
+        full = f"{module_name}.{tensor_name}" if module_name else tensor_name
+        size = tensor.numel() * tensor.element_size()
+        hook = getattr(module, "_hf_hook", None)
+        if tensor.device.type == "meta" and getattr(hook, "offload", False):
+            stored = hook.weights_map.get(tensor_name) if hook.weights_map is not None else None
+            if stored is not None:
+                size = stored.numel() * stored.element_size()
+        parts[part_of(full)][_where(module, tensor_name, tensor)] += size
     return PlacementReport(
         model_class=type(model).__name__,
         parts={p: dict(w) for p, w in parts.items()},
