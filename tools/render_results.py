@@ -28,14 +28,10 @@ def gb(value) -> str:
 
 
 def greedy_verdict(record: dict, reference: dict) -> str:
-    count, ref_count = record.get("greedy_token_count"), reference.get("greedy_token_count")
-    if count is not None and count == ref_count:
+    count = record["greedy_token_count"]
+    if count == reference["greedy_token_count"]:
         return f"identical over {count} tokens" if record["greedy_sha256"] == reference["greedy_sha256"] else "differ"
-    if count is None and record["greedy_sha256"] == reference.get("greedy_sha256"):
-        return "identical"
-    shown = min(len(record["greedy_tokens_first_16"]), len(reference["greedy_tokens_first_16"]))
-    if count is not None:
-        shown = min(shown, count)
+    shown = min(count, len(record["greedy_tokens_first_16"]), len(reference["greedy_tokens_first_16"]))
     same = record["greedy_tokens_first_16"][:shown] == reference["greedy_tokens_first_16"][:shown]
     return f"{'identical' if same else 'differ'} over its first {shown} tokens"
 
