@@ -1,12 +1,17 @@
 """The course's benchmark: a grid of configurations, each measured in a fresh process on a GPU,
 recorded under data/measurements/, with PLE-on-CPU vs PLE-on-GPU ratios from the same run.
 
-    python -m helpers.bench quick            # or: memory, cards, speed
-    python -m helpers.bench memory --dry-run # list what a preset would run
+    python -m helpers.bench quick              # or: memory, cards, speed
+    python -m helpers.bench memory --jobs 4    # configurations side by side (memory only, no timings)
+    python -m helpers.bench memory --dry-run   # list what a preset would run
 
 Each configuration runs ``python -m helpers.measure`` in its own process, so an out-of-memory
 error is recorded as a result and cannot poison the next one. Records accumulate: every run
 appends one JSON line per configuration to ``data/measurements/<model>.jsonl``.
+
+``--jobs N`` runs N configurations at once. Allocator statistics are per process, so memory
+figures stay exact; speeds do not (the processes share the GPU), so a record made with N > 1
+keeps its timing keys set to null and says ``concurrent_jobs``.
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 MEASUREMENTS = Path(__file__).resolve().parents[1] / "data" / "measurements"
 MODELS = ("e4b-shape", "e2b-shape")
 PLES = ("gpu", "cpu")
-MEMORY_CONTEXTS = (512, 2048, 4096, 8500, 16384)
+MEMORY_CONTEXTS = (512, 1024, 2048, 4096, 8500, 16384, 32768)
 CARDS_GB = (8, 15, 16)  # RTX 4060, Colab T4 (15 GB usable), the seed issue's 16 GB laptop card
 
 
@@ -37,10 +44,15 @@ class Configuration:
     new_tokens: int = 64
     decode_runs: int = 1
     search_max_context: bool = False
+    route: str = ""  # a helpers.measure route other than the course loader's ple-<ple>, e.g. cpu-entry
+
+    @property
+    def measured_route(self) -> str:
+        return self.route or f"ple-{self.ple}"
 
     def command(self, json_path) -> list:
         cmd = [sys.executable, "-m", "helpers.measure", "--model", self.model, "--quant", self.quant,
-               "--route", f"ple-{self.ple}", "--new-tokens", str(self.new_tokens),
+               "--route", self.measured_route, "--new-tokens", str(self.new_tokens),
                "--decode-runs", str(self.decode_runs), "--json", str(json_path)]
         for context in self.contexts:
             cmd += ["--context", str(context)]
@@ -59,9 +71,26 @@ def presets() -> dict:
                    for model in MODELS for quant in ("bf16", "int8", "nf4") for ple in PLES],
         "cards": [Configuration(model, "nf4", ple, card_gb=card, new_tokens=16, search_max_context=True)
                   for model in MODELS for card in CARDS_GB for ple in PLES],
-        "speed": [Configuration(model, "nf4", ple, contexts=(512, 4096), new_tokens=128, decode_runs=3)
-                  for model in MODELS for ple in PLES],
+        "speed": [Configuration(model, "nf4", ple, contexts=(512, 4096), new_tokens=32, decode_runs=3)
+                  for model in MODELS for ple in PLES]
+        # the naive "cpu" device-map entry, for the time per token it costs (slow: few tokens)
+        + [Configuration("e4b-shape", "nf4", "cpu", contexts=(512,), new_tokens=8, route="cpu-entry")],
     }
+
+
+TIMING_KEYS = ("decode_tokens_per_s", "seconds_per_token")
+
+
+def without_timings(record: dict, jobs: int) -> dict:
+    """Null the speeds of a record measured beside other processes on the same GPU."""
+    for key in TIMING_KEYS:
+        if key in record:
+            record[key] = None
+    for point in record.get("prefill", []):
+        if "tokens_per_s" in point:
+            point["tokens_per_s"] = None
+    record["concurrent_jobs"] = jobs
+    return record
 
 
 def run_in_fresh_process(config: Configuration, timeout_s: float = 540) -> dict:
@@ -77,10 +106,13 @@ def run_in_fresh_process(config: Configuration, timeout_s: float = 540) -> dict:
         return json.loads(target.read_text())
 
 
+_APPEND_LOCK = threading.Lock()  # with --jobs, whole lines from one thread at a time
+
+
 def append_record(record: dict, directory: Path = MEASUREMENTS) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{record['configuration']['model']}.jsonl"
-    with open(target, "a") as handle:
+    with _APPEND_LOCK, open(target, "a") as handle:
         handle.write(json.dumps(record, sort_keys=True) + "\n")
     return target
 
@@ -103,6 +135,8 @@ def compare(records: list) -> list:
     by_key: dict = {}
     for record in records:
         config = record["configuration"]
+        if config.get("route"):
+            continue  # only the course loader's two placements are compared
         by_key.setdefault((config["model"], config["quant"], config["card_gb"]), {})[config["ple"]] = record
     comparisons = []
     for (model, quant, card), pair in sorted(by_key.items(), key=lambda item: str(item[0])):
@@ -125,18 +159,31 @@ def compare(records: list) -> list:
     return comparisons
 
 
-def run_preset(name: str, *, runner=run_in_fresh_process, directory: Path = MEASUREMENTS, command: str = "") -> tuple:
-    """Run every configuration of a preset, append its records, and compare the placements."""
+def run_preset(name: str, *, runner=run_in_fresh_process, directory: Path = MEASUREMENTS, command: str = "",
+               jobs: int = 1) -> tuple:
+    """Run every configuration of a preset (``jobs`` at a time), append its records as each one
+    finishes, and compare the placements."""
     configurations = presets()[name]
-    records = []
-    for number, config in enumerate(configurations, 1):
-        print(f"[{number}/{len(configurations)}] {config.model} {config.quant} ple={config.ple} card={config.card_gb}", flush=True)
+
+    def run_one(numbered):
+        number, config = numbered
+        label = f"{config.model} {config.quant} {config.measured_route} card={config.card_gb}"
+        print(f"[{number}/{len(configurations)}] {label}: started", flush=True)
         record = runner(config)
+        if jobs > 1:
+            without_timings(record, jobs)
         record.update(configuration=asdict(config), preset=name, command=command or f"python -m helpers.bench {name}",
                       recorded_at=datetime.datetime.now().isoformat(timespec="seconds"))
         record.pop("greedy_tokens", None)  # the hash and the count stay
         append_record(record, directory)
-        records.append(record)
+        print(f"[{number}/{len(configurations)}] {label}: {record.get('crashed') or record.get('load_error') or 'done'}", flush=True)
+        return record
+
+    if jobs > 1:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            records = list(pool.map(run_one, enumerate(configurations, 1)))
+    else:
+        records = [run_one(item) for item in enumerate(configurations, 1)]
     return records, compare(records)
 
 
@@ -144,6 +191,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("preset", choices=sorted(presets()))
     parser.add_argument("--dry-run", action="store_true", help="list the configurations and exit")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="configurations measured at once (memory figures only: speeds are nulled when > 1)")
     args = parser.parse_args(argv)
     if args.dry_run:
         for config in presets()[args.preset]:
@@ -154,7 +203,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("helpers.bench measures GPU memory and speed: run it on a CUDA machine.")
         return 2
-    records, comparisons = run_preset(args.preset, command="python -m helpers.bench " + " ".join(argv or sys.argv[1:]))
+    records, comparisons = run_preset(args.preset, jobs=args.jobs, command="python -m helpers.bench " + " ".join(argv or sys.argv[1:]))
     crashed = [r for r in records if "crashed" in r]
     for comparison in comparisons:
         print(f"{comparison.model} {comparison.quant} card={comparison.card_gb}: PLE on CPU / on GPU = {comparison.ratios}; "

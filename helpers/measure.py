@@ -86,7 +86,7 @@ def _load(route: str, source, quant: str, device: int):
     return loading.auto_class_for(config).from_pretrained(path, dtype=torch.bfloat16, device_map=device_map, **kwargs)
 
 
-def largest_true(low: int, high: int, predicate, resolution: int = 256):
+def largest_true(low: int, high: int, predicate, resolution: int = 512):
     """The largest value in [low, high] (to ``resolution``) where a monotone ``predicate`` holds;
     None if it fails already at ``low``."""
     if not predicate(low):
@@ -115,9 +115,10 @@ def fits_context(model, tokenizer, context: int, device, decode_tokens: int = 8)
 
 
 def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int = 256, contexts=(), card_gb=None,
-            decode_runs: int = 1, search_max_context: bool = False, max_context_limit: int = 32768):
+            decode_runs: int = 1, search_max_context: bool = False, max_context_limit: int | None = None):
     """Measure one route in this process. ``decode_runs`` > 1 adds a warm-up run and reports the
-    median decode speed; ``search_max_context`` bisects the largest context that prefills and decodes."""
+    median decode speed; ``search_max_context`` bisects the largest context that prefills and decodes,
+    up to ``max_context_limit`` (default: the model's ``max_position_embeddings``)."""
     from . import loading, placement
     from .errors import CourseError
 
@@ -188,8 +189,10 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
         )
 
     if search_max_context:
-        record["max_context"] = largest_true(
-            512, max_context_limit, lambda context: fits_context(model, tokenizer, context, device))
+        text_config = getattr(model.config, "text_config", model.config)
+        limit = max_context_limit or text_config.max_position_embeddings
+        record["max_context"] = largest_true(512, limit, lambda context: fits_context(model, tokenizer, context, device))
+        record["max_context_limit"] = limit
     return record
 
 

@@ -11,13 +11,14 @@ from helpers.measure import largest_true
 
 
 def test_bisection_finds_the_largest_context_that_fits_to_the_resolution():
-    assert 9000 - 256 <= largest_true(512, 32768, lambda c: c <= 9000) <= 9000
+    assert 9000 - 512 <= largest_true(512, 32768, lambda c: c <= 9000) <= 9000
     assert largest_true(512, 32768, lambda c: True) == 32768
     assert largest_true(512, 32768, lambda c: False) is None  # does not even load a short prompt
 
 
 def test_every_preset_runs_each_configuration_with_both_placements():
     for name, configurations in bench.presets().items():
+        configurations = [c for c in configurations if not c.route]  # extra routes are measured alone
         keys = {(c.model, c.quant, c.card_gb, c.contexts) for c in configurations}
         for key in keys:
             assert {c.ple for c in configurations if (c.model, c.quant, c.card_gb, c.contexts) == key} == {"gpu", "cpu"}, name
@@ -64,3 +65,22 @@ def test_a_crashed_configuration_is_recorded_as_a_result_not_raised(tmp_path):
     records, comparisons = bench.run_preset("quick", runner=fake_runner(crash_on="gpu"), directory=tmp_path)
     assert any("crashed" in r for r in records)
     assert comparisons[0].ratios["resident"] is None
+
+
+def test_side_by_side_jobs_keep_memory_figures_but_null_every_speed(tmp_path):
+    records, comparisons = bench.run_preset("quick", runner=fake_runner(), directory=tmp_path, jobs=2)
+    for record in records:
+        assert record["concurrent_jobs"] == 2 and record["resident_bytes"] > 0
+        assert record["decode_tokens_per_s"] is None
+        assert all(p["tokens_per_s"] is None and p["peak_bytes"] > 0 for p in record["prefill"])
+    lines = (tmp_path / "e4b-shape.jsonl").read_text().splitlines()
+    assert len(lines) == len(records) and all(json.loads(line) for line in lines)  # whole lines, none interleaved
+    assert comparisons[0].ratios["decode_speed"] is None and comparisons[0].ratios["resident"] is not None
+
+
+def test_the_naive_cpu_entry_is_timed_but_never_compared_as_a_placement(tmp_path):
+    (naive,) = [c for c in bench.presets()["speed"] if c.route]
+    assert naive.measured_route == "cpu-entry" and "--route cpu-entry" in " ".join(naive.command("x.json"))
+    records, comparisons = bench.run_preset("speed", runner=fake_runner(), directory=tmp_path)
+    assert len(records) == len(bench.presets()["speed"])
+    assert {(c.model, c.quant) for c in comparisons} == {("e4b-shape", "nf4"), ("e2b-shape", "nf4")}
