@@ -167,7 +167,8 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
             record["prefill"].append({"context": context, "peak_bytes": torch.cuda.max_memory_allocated(device),
                                       "tokens_per_s": round(context / (time.perf_counter() - began), 1)})
         except torch.OutOfMemoryError:
-            record["prefill"].append({"context": context, "oom": True})
+            # device_free_bytes tells a card-sized limit apart from a GPU shared with other processes
+            record["prefill"].append({"context": context, "oom": True, "device_free_bytes": torch.cuda.mem_get_info(device)[0]})
         del ids
         torch.cuda.empty_cache()
 
