@@ -8,6 +8,7 @@ their packed size.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -90,3 +91,343 @@ def weight_bytes(model, quant: str = "nf4", ple: str = "cpu", keep_bf16=(), doub
         part = part_of(full)
         by_part[part] = by_part.get(part, 0) + size
     return WeightEstimate(gpu_bytes=gpu, cpu_bytes=cpu, by_part=by_part)
+
+
+# ---------------------------------------------------------------------------------------------
+# The planner: resident and peak GPU memory for a config, a quantization, a PLE placement and a
+# context length, before anything is loaded.
+#
+#   weights      counted from the meta model (weight_bytes above): exact, no measurement needed
+#   KV cache     counted from the config: only the layers that own a cache (the last
+#                num_kv_shared_layers reuse earlier ones), sliding layers capped at the window
+#   activations  what a prefill holds beside weights and cache. Not derivable from the config to
+#                10% (kernels, masks and temporaries decide it), so it is measured: the benchmark's
+#                memory grid fits  c0 + a*n + b*n^2  per architecture and quantization
+#                (python -m helpers.memory calibrate  ->  data/planner/activations.json)
+#   logits       generate() keeps the last position only (inside c0); a plain forward over the whole
+#                prompt keeps n x vocab of them, which predict(all_logits=True) adds
+# ---------------------------------------------------------------------------------------------
+
+import functools  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+
+from .paths import DATA_DIR  # noqa: E402
+
+CALIBRATION = DATA_DIR / "planner" / "activations.json"
+MEASUREMENTS = DATA_DIR / "measurements"
+# (not head_dim: transformers 5.2x saves per-layer head widths differently from 5.5-5.1x)
+ARCHITECTURE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "hidden_size_per_layer_input", "vocab_size")
+# bitsandbytes 4-bit layers dequantize to the compute dtype, so fp4 computes like nf4
+ACTIVATION_PROFILE_OF_QUANT = {"bf16": "bf16", "nf4": "nf4", "fp4": "nf4", "int8": "int8"}
+CARDS = {"RTX 4060 (8 GB)": 8, "12 GB": 12, "Colab T4 (15 GB)": 15, "16 GB laptop": 16, "24 GB": 24}
+
+
+def text_config_of(config):
+    return getattr(config, "text_config", None) or config
+
+
+def resolve_config(config):
+    """A config object, a synthetic name ("e4b-shape"), a checkpoint folder or a hub id."""
+    if not isinstance(config, (str, bytes)) and not hasattr(config, "__fspath__"):
+        return config
+    from . import synthetic
+
+    if str(config) in synthetic.SHAPES:
+        return synthetic.gemma4_config(str(config))
+    from .loading import load_config
+
+    return load_config(config)
+
+
+def config_values(config) -> dict:
+    """The text config as saved (recent transformers refuse per-layer attributes such as head_dim
+    read globally; the saved values are the same in every version)."""
+    return text_config_of(config).to_dict()
+
+
+def architecture_key(config) -> str:
+    """What decides the activation profile: the text model's widths and depths."""
+    values = config_values(config)
+    return " ".join(f"{key}={values.get(key)}" for key in ARCHITECTURE_KEYS)
+
+
+def kv_cache_bytes(config, context: int, bytes_per_value: int = 2) -> int:
+    """Bytes of keys and values after a prefill of ``context`` tokens (bf16 cache)."""
+    values = config_values(config)
+    layer_types = list(values["layer_types"])
+    owners = len(layer_types) - (values.get("num_kv_shared_layers") or 0)
+    total = 0
+    for kind, (heads, width) in zip(layer_types[:owners], _kv_heads_and_widths(config)):
+        tokens = context if kind == "full_attention" else min(context, values["sliding_window"])
+        total += 2 * heads * width * tokens * bytes_per_value
+    return total
+
+
+def _kv_heads_and_widths(config) -> list:
+    """(key/value heads, head width) per layer: from the per-layer configs where transformers has
+    them (5.2x), else from the global values (full-attention layers use global_head_dim)."""
+    per_layer = getattr(text_config_of(config), "per_layer_config", None)
+    if per_layer:
+        return [(layer.num_key_value_heads, layer.head_dim) for layer in per_layer]
+    values = config_values(config)
+    full_width = values.get("global_head_dim") or values["head_dim"]
+    return [(values["num_key_value_heads"], full_width if kind == "full_attention" else values["head_dim"])
+            for kind in values["layer_types"]]
+
+
+def logits_bytes(config, positions: int, bytes_per_value: int = 2) -> int:
+    """Logits over the whole vocabulary for ``positions`` positions (bf16, before any upcast)."""
+    return positions * text_config_of(config).vocab_size * bytes_per_value
+
+
+def load_calibration(path=CALIBRATION) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No planner calibration at {path}: run `python -m helpers.memory calibrate` "
+                                "after `make bench PRESET=memory` on a GPU.")
+    return json.loads(path.read_text())
+
+
+@dataclass
+class ActivationProfile:
+    c0: float
+    per_token: float
+    per_token_squared: float
+    measured_on: str
+    exact: bool  # False: borrowed from another architecture and scaled
+
+    def bytes(self, context: int) -> float:
+        return self.c0 + self.per_token * context + self.per_token_squared * context**2
+
+
+def activation_profile(config, quant: str, calibration: dict | None = None) -> ActivationProfile:
+    calibration = calibration or load_calibration()
+    profile_name = ACTIVATION_PROFILE_OF_QUANT[quant]
+    architectures = calibration["architectures"]
+    key = architecture_key(config)
+    if key in architectures and profile_name in architectures[key]["profiles"]:
+        fit = architectures[key]["profiles"][profile_name]
+        return ActivationProfile(fit["c0"], fit["per_token"], fit["per_token_squared"], architectures[key]["model"], True)
+    # an architecture never measured: scale the closest one by hidden width x depth (a rough guide)
+    text = text_config_of(config)
+    size = text.hidden_size * text.num_hidden_layers
+    nearest = min(architectures.values(), key=lambda a: abs(math.log(a["hidden_size"] * a["num_hidden_layers"] / size)))
+    fit = nearest["profiles"][profile_name]
+    scale = size / (nearest["hidden_size"] * nearest["num_hidden_layers"])
+    return ActivationProfile(fit["c0"] * scale, fit["per_token"] * scale, fit["per_token_squared"],
+                             f"{nearest['model']} (scaled x{scale:.2f})", False)
+
+
+@dataclass
+class MemoryEstimate:
+    """What ``predict`` returns: GPU bytes after load and at the peak of a prefill, term by term."""
+    model: str
+    quant: str
+    ple: str
+    context: int
+    resident_bytes: int
+    peak_bytes: int
+    cpu_bytes: int
+    terms: dict  # term -> bytes on the GPU at the peak
+    weights_by_part: dict
+    activations_from: str
+
+    def __str__(self) -> str:
+        lines = [f"{self.model}, {self.quant}, PLE on {self.ple}, {self.context:,}-token prefill:",
+                 f"  resident {self.resident_bytes / 1e9:6.2f} GB   peak {self.peak_bytes / 1e9:6.2f} GB   "
+                 f"(PLE table on CPU: {self.cpu_bytes / 1e9:.2f} GB)"]
+        lines += [f"    {term:<34} {size / 1e9:6.2f} GB" for term, size in self.terms.items()]
+        lines.append(f"  activations measured on {self.activations_from}")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+
+def predict(config, quant: str = "nf4", ple: str = "cpu", context: int = 8500, keep_bf16=(), *,
+            double_quant: bool = False, all_logits: bool = False, calibration: dict | None = None) -> MemoryEstimate:
+    """Predict resident and peak GPU memory without loading weights.
+
+    ``config``: a config object, a synthetic name ("e4b-shape"), a folder or a hub id.
+    ``keep_bf16``: module names bitsandbytes should leave unquantized (as ``llm_int8_skip_modules``).
+    ``all_logits``: the prefill is a plain forward that keeps logits for every position
+    (``generate`` keeps only the last one)."""
+    from .errors import CourseError
+
+    if quant not in QUANT_BYTES_PER_WEIGHT:
+        raise CourseError(f"quant={quant!r} is not one of {sorted(QUANT_BYTES_PER_WEIGHT)}.")
+    if ple not in ("gpu", "cpu"):
+        raise CourseError(f"ple={ple!r}: use 'gpu' or 'cpu'.")
+    label = config if isinstance(config, str) else None
+    config = resolve_config(config)
+    if label is not None:  # names are stable: build each meta model once per process
+        weights = _named_weight_bytes(label, quant, ple, tuple(keep_bf16), double_quant)
+    else:
+        weights = weight_bytes(meta_model(config), quant=quant, ple=ple, keep_bf16=keep_bf16, double_quant=double_quant)
+    profile = activation_profile(config, quant, calibration)
+    terms = {f"weights: {part}": size for part, size in sorted(weights.by_course_part().items(), key=lambda kv: -kv[1])}
+    terms["KV cache"] = kv_cache_bytes(config, context)
+    terms["activations (measured profile)"] = int(profile.bytes(context))
+    if all_logits:
+        terms["logits for every position"] = logits_bytes(config, context)
+    name = label or getattr(config, "_name_or_path", "") or getattr(text_config_of(config), "model_type", "model")
+    return MemoryEstimate(model=str(name), quant=quant, ple=ple, context=context, resident_bytes=weights.gpu_bytes,
+                          peak_bytes=int(sum(terms.values())), cpu_bytes=weights.cpu_bytes, terms=terms,
+                          weights_by_part=weights.by_course_part(), activations_from=profile.measured_on)
+
+
+@functools.lru_cache(maxsize=64)
+def _named_weight_bytes(name: str, quant: str, ple: str, keep_bf16: tuple, double_quant: bool) -> WeightEstimate:
+    return weight_bytes(meta_model(resolve_config(name)), quant=quant, ple=ple, keep_bf16=keep_bf16, double_quant=double_quant)
+
+
+@dataclass
+class CardVerdict:
+    card_gb: float
+    loads: bool
+    fits: bool  # the requested context prefills and decodes
+    max_context: int | None  # the largest context that does (None: does not even load)
+    estimate: MemoryEstimate
+
+    def __str__(self) -> str:
+        if not self.loads:
+            return f"{self.card_gb:g} GB: does not load (weights {self.estimate.resident_bytes / 1e9:.2f} GB)"
+        verdict = "fits" if self.fits else "does NOT fit"
+        return (f"{self.card_gb:g} GB: loads; a {self.estimate.context:,}-token prefill {verdict}; "
+                f"largest context about {self.max_context:,} tokens")
+
+
+def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: int = 8500, keep_bf16=(), *,
+         calibration: dict | None = None) -> CardVerdict:
+    """Does the model load on a card of ``card_gb`` GB (what the allocator may use), does a
+    ``context``-token prefill fit, and what is the largest context that does?
+
+    Beside the predicted peak, the caching allocator needs room for fragmentation: a fraction of
+    the transient memory, measured on the simulated cards (``allocator_reserve`` in the calibration)."""
+    from .loading import GPU_HEADROOM_BYTES
+
+    config = resolve_config(config)
+    calibration = calibration or load_calibration()
+    estimate = predict(config, quant, ple, context, keep_bf16, calibration=calibration)
+    card = card_gb * 1e9
+    loads = estimate.resident_bytes + GPU_HEADROOM_BYTES <= card
+    if not loads:
+        return CardVerdict(card_gb, False, False, None, estimate)
+    reserve = 1 + calibration["allocator_reserve"]
+    profile = activation_profile(config, quant, calibration)
+    limit = text_config_of(config).max_position_embeddings
+
+    def needed(n: int) -> float:
+        return estimate.resident_bytes + reserve * (profile.bytes(n) + kv_cache_bytes(config, n))
+
+    low, high = 0, limit
+    if needed(high) <= card:
+        low = high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if needed(middle) <= card else (low, middle)
+    return CardVerdict(card_gb, True, needed(context) <= card, low or None, estimate)
+
+
+def card_table(config, quant: str = "nf4", context: int = 8500, keep_bf16=(), cards: dict = CARDS) -> list:
+    """Rows of (card, placement, verdict) for the course's cards and both PLE placements."""
+    config = resolve_config(config)
+    calibration = load_calibration()
+    return [(name, ple, fits(config, gb, quant, ple, context, keep_bf16, calibration=calibration))
+            for name, gb in cards.items() for ple in ("gpu", "cpu")]
+
+
+def accelerate_estimate(config, quant: str = "nf4") -> int:
+    """What ``accelerate estimate-memory`` would say for the weights: the fp32 total of every
+    parameter divided by 2 (float16), 4 (int8) or 8 (int4). It assumes every weight is quantized;
+    bitsandbytes quantizes linear layers only, so embeddings and the PLE table stay in bf16."""
+    from accelerate.utils import calculate_maximum_sizes
+
+    total_bf16, _ = calculate_maximum_sizes(meta_model(resolve_config(config)))
+    divisor = {"bf16": 2, "int8": 4, "nf4": 8, "fp4": 8}[quant]
+    return int(total_bf16 * 2 / divisor)
+
+
+# --- calibration: the measured activation profiles, from the benchmark's records -------------------
+
+def read_records(directory=MEASUREMENTS) -> list:
+    records = []
+    for path in sorted(Path(directory).glob("*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return records
+
+
+def _transient(record, point, config) -> float:
+    return point["peak_bytes"] - record["resident_bytes"] - kv_cache_bytes(config, point["context"])
+
+
+def calibrate(records: list) -> dict:
+    """Least-squares fits of the activation term per architecture and quantization (memory preset,
+    PLE on CPU: the placement does not change activations), and the allocator reserve that the
+    simulated cards' largest contexts imply (median over the cards records)."""
+    import numpy as np
+
+    architectures: dict = {}
+    configs: dict = {}
+    for record in records:
+        config_of = record["configuration"]
+        if record.get("preset") != "memory" or config_of["ple"] != "cpu" or "resident_bytes" not in record:
+            continue
+        config = configs.setdefault(config_of["model"], resolve_config(config_of["model"]))
+        points = [p for p in record["prefill"] if "peak_bytes" in p]
+        n = np.array([p["context"] for p in points], dtype=float)
+        y = np.array([_transient(record, p, config) for p in points])
+        c0, a, b = np.linalg.lstsq(np.stack([np.ones_like(n), n, n**2], 1), y, rcond=None)[0]
+        text = text_config_of(config)
+        entry = architectures.setdefault(architecture_key(config), {
+            "model": config_of["model"], "hidden_size": text.hidden_size, "num_hidden_layers": text.num_hidden_layers,
+            "profiles": {}})
+        entry["profiles"][config_of["quant"]] = {"c0": round(float(c0)), "per_token": round(float(a), 2),
+                                                "per_token_squared": round(float(b), 4),
+                                                "contexts": [int(c) for c in n], "recorded_at": record["recorded_at"]}
+    calibration = {"architectures": architectures, "allocator_reserve": None}
+    reserves = []
+    for record in records:
+        if record.get("preset") != "cards" or not record.get("max_context"):
+            continue
+        config = configs.setdefault(record["configuration"]["model"], resolve_config(record["configuration"]["model"]))
+        profile = activation_profile(config, record["configuration"]["quant"], calibration)
+        n = record["max_context"]
+        transient = profile.bytes(n) + kv_cache_bytes(config, n)
+        reserves.append((record["configuration"]["card_gb"] * 1e9 - record["resident_bytes"] - transient) / transient)
+    calibration["allocator_reserve"] = round(float(np.median(reserves)), 3) if reserves else 0.0
+    calibration["source"] = "python -m helpers.memory calibrate (from data/measurements/*.jsonl)"
+    return calibration
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The memory planner's calibration and predictions.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("calibrate", help="fit the activation profiles from data/measurements into data/planner/")
+    plan = sub.add_parser("predict", help="predict resident and peak memory, and the cards it fits")
+    plan.add_argument("config", help="synthetic name, folder or hub id")
+    plan.add_argument("--quant", default="nf4")
+    plan.add_argument("--context", type=int, default=8500)
+    args = parser.parse_args(argv)
+    if args.command == "calibrate":
+        calibration = calibrate(read_records())
+        CALIBRATION.parent.mkdir(parents=True, exist_ok=True)
+        CALIBRATION.write_text(json.dumps(calibration, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {CALIBRATION} ({len(calibration['architectures'])} architectures, "
+              f"allocator reserve {calibration['allocator_reserve']:.1%})")
+        return 0
+    for ple in ("gpu", "cpu"):
+        print(predict(args.config, args.quant, ple, args.context))
+    for name, ple, verdict in card_table(args.config, args.quant, args.context):
+        print(f"{name:<18} PLE on {ple}: {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The planner (helpers.memory.predict / fits) against the benchmark's recorded H200 measurements.
+
+The records come from `make bench PRESET=memory|cards` (data/measurements/); the activation
+profiles from `python -m helpers.memory calibrate`. These tests read both; none needs a GPU."""
+
+import pytest
+
+from helpers import memory
+from helpers.errors import CourseError
+
+RECORDS = memory.read_records()
+CALIBRATION = memory.load_calibration()
+LOADED = [r for r in RECORDS if "resident_bytes" in r and not r["configuration"].get("route")]
+PREFILLS = [(r, p) for r in LOADED for p in r.get("prefill", []) if "peak_bytes" in p]
+CARDS = [r for r in RECORDS if r.get("preset") == "cards" and r.get("max_context")]
+
+
+def label(record, point=None):
+    c = record["configuration"]
+    return f"{c['model']}-{c['quant']}-ple_{c['ple']}-card_{c['card_gb']}" + (f"-{point['context']}" if point else "")
+
+
+def test_the_recorded_grid_covers_both_models_three_quantizations_and_both_placements():
+    covered = {(r["configuration"]["model"], r["configuration"]["quant"], r["configuration"]["ple"])
+               for r in LOADED if r["preset"] == "memory"}
+    assert covered == {(m, q, p) for m in ("e4b-shape", "e2b-shape") for q in ("bf16", "int8", "nf4") for p in ("gpu", "cpu")}
+    assert {r["configuration"]["card_gb"] for r in CARDS} == {8, 15, 16}
+
+
+def test_the_calibration_file_is_exactly_what_the_records_give():
+    # no activation figure is typed by hand: rerunning the calibration reproduces the file
+    recomputed = memory.calibrate(RECORDS)
+    assert recomputed["architectures"] == CALIBRATION["architectures"]
+    assert recomputed["allocator_reserve"] == CALIBRATION["allocator_reserve"]
+
+
+@pytest.mark.parametrize("record", LOADED, ids=label)
+def test_predicted_resident_memory_is_within_5_percent_of_what_loading_allocated(record):
+    c = record["configuration"]
+    estimate = memory.predict(c["model"], c["quant"], c["ple"], 512, calibration=CALIBRATION)
+    assert estimate.resident_bytes == pytest.approx(record["resident_bytes"], rel=0.05)
+
+
+@pytest.mark.parametrize("record,point", PREFILLS, ids=lambda x: "" if isinstance(x, dict) and "context" in x else label(x))
+def test_predicted_prefill_peak_is_within_10_percent_across_the_measured_grid(record, point):
+    c = record["configuration"]
+    estimate = memory.predict(c["model"], c["quant"], c["ple"], point["context"], calibration=CALIBRATION)
+    assert estimate.peak_bytes == pytest.approx(point["peak_bytes"], rel=0.10), str(estimate)
+
+
+@pytest.mark.parametrize("record", CARDS, ids=label)
+def test_largest_context_the_planner_promises_is_within_10_percent_of_the_bisected_one_on_each_simulated_card(record):
+    c = record["configuration"]
+    verdict = memory.fits(c["model"], c["card_gb"], c["quant"], c["ple"], calibration=CALIBRATION)
+    assert verdict.loads
+    assert verdict.max_context == pytest.approx(record["max_context"], rel=0.10)
+
+
+def test_a_model_the_card_refused_to_load_is_predicted_not_to_load():
+    refused = [r for r in RECORDS if r.get("preset") == "cards" and r.get("load_oom")]
+    assert refused, "the 8 GB card with E4B's PLE on the GPU should be among the records"
+    for record in refused:
+        c = record["configuration"]
+        assert not memory.fits(c["model"], c["card_gb"], c["quant"], c["ple"], calibration=CALIBRATION).loads
+
+
+# towers by full prefix: a bare "vision_tower" matches nothing (transformers' should_convert_module)
+SEED_KEEP_BF16 = ("per_layer_model_projection", "per_layer_input_gate", "per_layer_projection",
+                  "model.vision_tower", "model.audio_tower")
+
+
+@pytest.mark.parametrize("ple,seed_gb", [("gpu", 10.11), ("cpu", 4.48)])
+def test_the_seed_issue_setup_nf4_with_the_ple_path_and_towers_in_bf16_is_reproduced(ple, seed_gb):
+    estimate = memory.predict("e4b-shape", "nf4", ple, 8500, keep_bf16=SEED_KEEP_BF16, calibration=CALIBRATION)
+    plain = memory.predict("e4b-shape", "nf4", ple, 8500, calibration=CALIBRATION)
+    assert estimate.resident_bytes / 1e9 == pytest.approx(seed_gb, rel=0.05)
+    assert estimate.resident_bytes > plain.resident_bytes  # keeping modules in bf16 costs memory
+
+
+def test_kv_cache_grows_only_through_full_attention_layers_once_past_the_sliding_window():
+    config = memory.resolve_config("e4b-shape")
+    values = memory.config_values(config)
+    window = values["sliding_window"]
+    owners = values["layer_types"][: len(values["layer_types"]) - values["num_kv_shared_layers"]]
+    full = sum(kind == "full_attention" for kind in owners)
+    assert 0 < full < len(owners)
+    growth = memory.kv_cache_bytes(config, 4 * window + 1000) - memory.kv_cache_bytes(config, 4 * window)
+    per_full_layer = growth / 1000 / full
+    assert per_full_layer == 2 * 2 * 512 * 2  # k and v, 2 kv heads, global head width 512, bf16
+    assert memory.kv_cache_bytes(config, window) > memory.kv_cache_bytes(config, window // 2)
+
+
+def test_accelerates_estimate_assumes_every_weight_is_4_bit_and_undercounts_nf4():
+    ours = memory.predict("e4b-shape", "nf4", "gpu", 512, calibration=CALIBRATION).resident_bytes
+    accelerate = memory.accelerate_estimate("e4b-shape", "nf4")
+    assert accelerate < 0.5 * ours  # the PLE table and embeddings stay bf16 under bitsandbytes
+    assert memory.accelerate_estimate("e4b-shape", "bf16") == pytest.approx(
+        memory.predict("e4b-shape", "bf16", "gpu", 512, calibration=CALIBRATION).resident_bytes, rel=0.01)
+
+
+def test_all_logits_adds_a_vocabulary_wide_row_per_prompt_token():
+    short = memory.predict("e4b-shape", "nf4", "cpu", 8500, calibration=CALIBRATION)
+    plain_forward = memory.predict("e4b-shape", "nf4", "cpu", 8500, all_logits=True, calibration=CALIBRATION)
+    assert plain_forward.peak_bytes - short.peak_bytes == 8500 * 262144 * 2
+
+
+def test_an_architecture_never_measured_borrows_a_scaled_profile_and_says_so(tiny_path):
+    estimate = memory.predict(str(tiny_path), "nf4", "cpu", 1024, calibration=CALIBRATION)
+    assert "scaled" in estimate.activations_from
+    assert 0 < estimate.peak_bytes - estimate.resident_bytes
+
+
+def test_bad_quantization_or_placement_names_the_choices():
+    with pytest.raises(CourseError, match="nf4"):
+        memory.predict("e4b-shape", "q4", "cpu")
+    with pytest.raises(CourseError, match="'gpu' or 'cpu'"):
+        memory.predict("e4b-shape", "nf4", "disk")
+
+
+def test_a_missing_calibration_names_the_commands_that_make_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="helpers.memory calibrate"):
+        memory.load_calibration(tmp_path / "none.json")
