@@ -93,6 +93,23 @@ def without_timings(record: dict, jobs: int) -> dict:
     return record
 
 
+def latest_records(directory: Path = MEASUREMENTS, preset: str | None = None) -> list:
+    """The newest record of each configuration (records accumulate; reruns supersede)."""
+    newest: dict = {}
+    for path in sorted(Path(directory).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if preset and record.get("preset") != preset:
+                continue
+            c = record["configuration"]
+            key = (record.get("preset"), c["model"], c["quant"], c["ple"], c.get("route", ""), c["card_gb"])
+            if key not in newest or record["recorded_at"] >= newest[key]["recorded_at"]:
+                newest[key] = record
+    return list(newest.values())
+
+
 def run_in_fresh_process(config: Configuration, timeout_s: float = 540) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         target = Path(scratch) / "record.json"

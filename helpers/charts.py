@@ -76,3 +76,64 @@ def parameter_budget(bytes_by_part: dict, title: str, ax=None):
     ax.set_title(title)
     ax.set_xlim(0, max(bytes_by_part.values()) / 1e9 * 1.35)
     return ax
+
+
+def peak_vs_context(records: list, ax=None, planner=None):
+    """Peak GPU memory against prefill length, one line per model, quantization and placement
+    (the benchmark's memory preset); dashed: the planner's prediction where ``planner`` is given
+    (a function (model, quant, ple, context) -> bytes)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 5))
+    styles = {"gpu": "-", "cpu": "-"}
+    colors = {}
+    for record in sorted(records, key=lambda r: (r["configuration"]["model"], r["configuration"]["quant"], r["configuration"]["ple"])):
+        c = record["configuration"]
+        points = [p for p in record.get("prefill", []) if "peak_bytes" in p]
+        if not points:
+            continue
+        label = f"{c['model']} {c['quant']}, PLE on {c['ple']}"
+        x = [p["context"] for p in points]
+        line, = ax.plot(x, [p["peak_bytes"] / 1e9 for p in points], styles[c["ple"]], marker="o" if c["ple"] == "cpu" else "s",
+                        markersize=4, label=label, color=colors.get((c["model"], c["quant"])))
+        colors[(c["model"], c["quant"])] = line.get_color()
+        if planner is not None:
+            ax.plot(x, [planner(c["model"], c["quant"], c["ple"], n) / 1e9 for n in x], ":", color=line.get_color(), linewidth=1)
+    for card in (8, 15, 16):
+        ax.axhline(card, color="grey", linewidth=0.6, linestyle="--")
+        ax.annotate(f"{card} GB card", (ax.get_xlim()[0], card), fontsize=7, color="grey", va="bottom")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("prefill length (tokens)")
+    ax.set_ylabel("peak GPU memory (GB)")
+    any_record = records[0]
+    ax.set_title(f"Peak memory vs context on {any_record['gpu']} (recorded {any_record['date']})"
+                 + ("; dotted: planner" if planner else ""), fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+def card_fits(records: list, ax=None, planner=None):
+    """Largest context that prefills and decodes on each simulated card, per model and placement
+    (the benchmark's cards preset); a cross where the model does not load. ``planner``: a function
+    (model, quant, ple, card_gb) -> predicted largest context, drawn as a tick."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4))
+    rows = sorted(records, key=lambda r: (r["configuration"]["model"], r["configuration"]["card_gb"], r["configuration"]["ple"]))
+    labels = [f"{r['configuration']['model']}\n{r['configuration']['card_gb']:g} GB, PLE {r['configuration']['ple']}" for r in rows]
+    values = [r.get("max_context") or 0 for r in rows]
+    x = np.arange(len(rows))
+    bars = ax.bar(x, values, color=["tab:orange" if r["configuration"]["ple"] == "gpu" else "tab:blue" for r in rows])
+    ax.bar_label(bars, labels=[f"{v:,}" if v else "does not load" for v in values], fontsize=6, rotation=90, padding=2)
+    if planner is not None:
+        predicted = [planner(r["configuration"]["model"], r["configuration"]["quant"], r["configuration"]["ple"],
+                             r["configuration"]["card_gb"]) or 0 for r in rows]
+        ax.scatter(x, predicted, marker="_", s=300, color="black", label="planner", zorder=3)
+        ax.legend(fontsize=8)
+    ax.set_xticks(x, labels, fontsize=6)
+    ax.set_ylabel("largest context (tokens)")
+    ax.set_title("What fits on which card (orange: PLE on GPU, blue: PLE on CPU)", fontsize=10)
+    return ax

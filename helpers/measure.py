@@ -86,6 +86,50 @@ def _load(route: str, source, quant: str, device: int):
     return loading.auto_class_for(config).from_pretrained(path, dtype=torch.bfloat16, device_map=device_map, **kwargs)
 
 
+def prefill_peak(model, tokenizer, context: int, device) -> dict:
+    """Peak GPU memory and speed of one ``generate`` prefill of ``context`` tokens;
+    ``{"context", "oom": True, ...}`` when it runs out of memory."""
+    ids = prompt_ids(tokenizer, context, device)
+    torch.cuda.reset_peak_memory_stats(device)
+    try:
+        torch.cuda.synchronize(device)
+        began = time.perf_counter()
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
+        torch.cuda.synchronize(device)
+        return {"context": context, "peak_bytes": torch.cuda.max_memory_allocated(device),
+                "tokens_per_s": round(context / (time.perf_counter() - began), 1)}
+    except torch.OutOfMemoryError:
+        # device_free_bytes tells a card-sized limit apart from a GPU shared with other processes
+        return {"context": context, "oom": True, "device_free_bytes": torch.cuda.mem_get_info(device)[0]}
+    finally:
+        del ids
+        torch.cuda.empty_cache()
+
+
+def memory_readout(device) -> dict:
+    """Three views of GPU memory: what tensors hold (allocated), what PyTorch's caching allocator
+    holds (reserved), and what the whole device has in use, as nvidia-smi shows it (every process,
+    plus each process's CUDA context)."""
+    device = torch.device(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device),
+            "device in use (nvidia-smi)": total - free, "device total": total}
+
+
+def snapshot_prefill(model, tokenizer, context: int, path, device) -> Path:
+    """Record every allocation of one prefill and save it for https://pytorch.org/memory_viz."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    try:
+        prefill_peak(model, tokenizer, context, device)
+        torch.cuda.memory._dump_snapshot(str(path))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return path
+
+
 def largest_true(low: int, high: int, predicate, resolution: int = 512):
     """The largest value in [low, high] (to ``resolution``) where a monotone ``predicate`` holds;
     None if it fails already at ``low``."""
@@ -154,23 +198,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
     tokenizer = loading.load_processor(source)
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
 
-    record["prefill"] = []
-    for context in contexts:
-        ids = prompt_ids(tokenizer, context, device)
-        torch.cuda.reset_peak_memory_stats(device)
-        try:
-            torch.cuda.synchronize(device)
-            began = time.perf_counter()
-            with torch.no_grad():
-                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
-            torch.cuda.synchronize(device)
-            record["prefill"].append({"context": context, "peak_bytes": torch.cuda.max_memory_allocated(device),
-                                      "tokens_per_s": round(context / (time.perf_counter() - began), 1)})
-        except torch.OutOfMemoryError:
-            # device_free_bytes tells a card-sized limit apart from a GPU shared with other processes
-            record["prefill"].append({"context": context, "oom": True, "device_free_bytes": torch.cuda.mem_get_info(device)[0]})
-        del ids
-        torch.cuda.empty_cache()
+    record["prefill"] = [prefill_peak(model, tokenizer, context, device) for context in contexts]
 
     if new_tokens:
         torch.cuda.reset_peak_memory_stats(device)

@@ -121,6 +121,12 @@ ARCHITECTURE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "n
                      "num_key_value_heads", "hidden_size_per_layer_input", "vocab_size")
 # bitsandbytes 4-bit layers dequantize to the compute dtype, so fp4 computes like nf4
 ACTIVATION_PROFILE_OF_QUANT = {"bf16": "bf16", "nf4": "nf4", "fp4": "nf4", "int8": "int8"}
+# The seed issue (transformers, "Gemma-4-E4B: the PLE table holds ~5.6 GB of VRAM..."), quoted:
+# RTX A5000 16 GB laptop, NF4 with the PLE-path modules and the towers kept in bf16.
+SEED_ISSUE = {"gpu": {"resident_gb": 10.11, "peak_8500": "OOM at 15.5 GB"}, "cpu": {"resident_gb": 4.48, "peak_8500": "11.84 GB"}}
+# the towers by full prefix: a bare "vision_tower" matches nothing (transformers' should_convert_module)
+SEED_KEEP_BF16 = ("per_layer_model_projection", "per_layer_input_gate", "per_layer_projection",
+                  "model.vision_tower", "model.audio_tower")
 CARDS = {"RTX 4060 (8 GB)": 8, "12 GB": 12, "Colab T4 (15 GB)": 15, "16 GB laptop": 16, "24 GB": 24}
 
 
@@ -348,6 +354,30 @@ def accelerate_estimate(config, quant: str = "nf4") -> int:
     total_bf16, _ = calculate_maximum_sizes(meta_model(resolve_config(config)))
     divisor = {"bf16": 2, "int8": 4, "nf4": 8, "fp4": 8}[quant]
     return int(total_bf16 * 2 / divisor)
+
+
+def agreement(records: list, calibration: dict | None = None) -> list:
+    """Planner against measurement for every recorded load, prefill and simulated card:
+    rows of (what, measured, predicted, relative error)."""
+    calibration = calibration or load_calibration()
+    rows = []
+    for record in records:
+        c = record["configuration"]
+        if c.get("route") or "resident_bytes" not in record:
+            continue
+        name = f"{c['model']} {c['quant']} PLE on {c['ple']}"
+        for point in [p for p in record.get("prefill", []) if "peak_bytes" in p]:
+            estimate = predict(c["model"], c["quant"], c["ple"], point["context"], calibration=calibration)
+            rows.append((f"{name}: peak, {point['context']:,} tokens", point["peak_bytes"], estimate.peak_bytes,
+                         estimate.peak_bytes / point["peak_bytes"] - 1))
+        estimate = predict(c["model"], c["quant"], c["ple"], 512, calibration=calibration)
+        rows.append((f"{name}: resident", record["resident_bytes"], estimate.resident_bytes,
+                     estimate.resident_bytes / record["resident_bytes"] - 1))
+        if record.get("max_context"):
+            verdict = fits(c["model"], c["card_gb"], c["quant"], c["ple"], calibration=calibration)
+            rows.append((f"{name}: largest context on {c['card_gb']:g} GB", record["max_context"], verdict.max_context,
+                         verdict.max_context / record["max_context"] - 1))
+    return rows
 
 
 # --- calibration: the measured activation profiles, from the benchmark's records -------------------
