@@ -67,9 +67,11 @@ lab: install
 	$(VENV)/bin/jupyter lab notebooks/
 
 ## make bench PRESET=quick|memory|cards|speed: the benchmark on a GPU (records under data/measurements/)
+## BENCH_ARGS="--jobs 4": configurations side by side (memory figures only)
 PRESET ?= quick
+BENCH_ARGS ?=
 bench:
-	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) -m helpers.bench $(PRESET)
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) -m helpers.bench $(PRESET) $(BENCH_ARGS)
 
 ## make gpu-wheels: wheels to carry to a GPU box without a registry
 gpu-wheels:

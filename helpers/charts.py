@@ -102,7 +102,7 @@ def peak_vs_context(records: list, ax=None, planner=None):
             ax.plot(x, [planner(c["model"], c["quant"], c["ple"], n) / 1e9 for n in x], ":", color=line.get_color(), linewidth=1)
     for card in (8, 15, 16):
         ax.axhline(card, color="grey", linewidth=0.6, linestyle="--")
-        ax.annotate(f"{card} GB card", (ax.get_xlim()[0], card), fontsize=7, color="grey", va="bottom")
+        ax.text(0.01, card, f"{card} GB card", transform=ax.get_yaxis_transform(), fontsize=7, color="grey", va="bottom")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("prefill length (tokens)")
     ax.set_ylabel("peak GPU memory (GB)")
@@ -121,19 +121,21 @@ def card_fits(records: list, ax=None, planner=None):
     import numpy as np
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4))
-    rows = sorted(records, key=lambda r: (r["configuration"]["model"], r["configuration"]["card_gb"], r["configuration"]["ple"]))
-    labels = [f"{r['configuration']['model']}\n{r['configuration']['card_gb']:g} GB, PLE {r['configuration']['ple']}" for r in rows]
+        _, ax = plt.subplots(figsize=(8, 5.5))
+    rows = sorted(records, key=lambda r: (r["configuration"]["model"], r["configuration"]["card_gb"], r["configuration"]["ple"]),
+                  reverse=True)
+    labels = [f"{r['configuration']['model']}, {r['configuration']['card_gb']:g} GB, PLE on {r['configuration']['ple']}" for r in rows]
     values = [r.get("max_context") or 0 for r in rows]
-    x = np.arange(len(rows))
-    bars = ax.bar(x, values, color=["tab:orange" if r["configuration"]["ple"] == "gpu" else "tab:blue" for r in rows])
-    ax.bar_label(bars, labels=[f"{v:,}" if v else "does not load" for v in values], fontsize=6, rotation=90, padding=2)
+    y = np.arange(len(rows))
+    bars = ax.barh(y, values, color=["tab:orange" if r["configuration"]["ple"] == "gpu" else "tab:blue" for r in rows])
+    ax.bar_label(bars, labels=[f"{v:,}" if v else "does not load" for v in values], fontsize=7, padding=3)
     if planner is not None:
         predicted = [planner(r["configuration"]["model"], r["configuration"]["quant"], r["configuration"]["ple"],
                              r["configuration"]["card_gb"]) or 0 for r in rows]
-        ax.scatter(x, predicted, marker="_", s=300, color="black", label="planner", zorder=3)
-        ax.legend(fontsize=8)
-    ax.set_xticks(x, labels, fontsize=6)
-    ax.set_ylabel("largest context (tokens)")
+        ax.scatter(predicted, y, marker="|", s=300, color="black", label="planner", zorder=3)
+        ax.legend(fontsize=8, loc="lower right")
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xlabel("largest prompt that prefills and decodes (tokens)")
+    ax.set_xlim(0, max(values) * 1.2)
     ax.set_title("What fits on which card (orange: PLE on GPU, blue: PLE on CPU)", fontsize=10)
     return ax

@@ -29,6 +29,11 @@ def gb(value) -> str:
     return f"{value / 1e9:.2f}"
 
 
+def seconds_per_token(record: dict) -> str:
+    value = record.get("seconds_per_token")
+    return f"{value:.3f}" if value is not None else "(concurrent run: see Speed)"
+
+
 def greedy_verdict(record: dict, reference: dict) -> str:
     count = record["greedy_token_count"]
     if count == reference["greedy_token_count"]:
@@ -71,7 +76,7 @@ def render_record_set(name: str, records: dict) -> str:
             same = "reference" if route == "ple-gpu" else greedy_verdict(record, reference)
         lines.append(
             f"| {label} | {gb(record['resident_bytes'])} | {gb(record['reserved_bytes'])} | "
-            f"{gb(record['peak_load_bytes'])} | {peak} | {record['seconds_per_token']:.3f} | {same} |"
+            f"{gb(record['peak_load_bytes'])} | {peak} | {seconds_per_token(record)} | {same} |"
         )
     command = ""
     if "ple-cpu" in records:

@@ -31,23 +31,37 @@ RECORD_DIR = Path(__file__).resolve().parents[2] / "data" / "gpu-tier"
 
 @pytest.fixture(scope="session")
 def routes(tmp_path_factory):
-    """Run each route once per session, in a fresh process."""
+    """Run every route once per session, each in a fresh process, all at once: allocator
+    counters are per process, so the memory figures are exact; the speeds are not (the processes
+    share the GPU), so they are nulled. The benchmark's speed preset measures speed."""
+    from helpers import models, synthetic
+    from helpers.bench import without_timings
+
+    if models.is_synthetic(MODEL):
+        synthetic.build(MODEL)  # once, before five processes would each start building it
     out = tmp_path_factory.mktemp("routes")
+    running = {}
+    for route, extra in ROUTE_ARGS.items():
+        target = out / f"{route}.json"
+        cmd = [sys.executable, "-m", "helpers.measure", "--model", MODEL, "--quant", QUANT, "--route", route,
+               "--new-tokens", str(NEW_TOKENS), *extra, "--json", str(target)]
+        running[route] = (subprocess.Popen(cmd), target)
     cache: dict = {}
+    for route, (process, target) in running.items():
+        try:
+            returncode = process.wait(timeout=540)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            returncode = None
+        cache[route] = without_timings(json.loads(target.read_text()), len(running)) if returncode == 0 else None
 
     def run(route):
-        if route not in cache:
-            target = out / f"{route}.json"
-            cmd = [sys.executable, "-m", "helpers.measure", "--model", MODEL, "--quant", QUANT, "--route", route,
-                   "--new-tokens", str(NEW_TOKENS), *ROUTE_ARGS[route], "--json", str(target)]
-            done = subprocess.run(cmd, timeout=540)
-            cache[route] = json.loads(target.read_text()) if done.returncode == 0 else None
         if cache[route] is None:
-            pytest.fail(f"route {route} crashed; run the helpers.measure command above to see why")
+            pytest.fail(f"route {route} crashed; run its helpers.measure command (printed above) to see why")
         return cache[route]
 
     yield run
-    if os.environ.get("GPU_RECORD") == "1" and cache:
+    if os.environ.get("GPU_RECORD") == "1":
         RECORD_DIR.mkdir(parents=True, exist_ok=True)
         for record in filter(None, cache.values()):
             if "greedy_tokens" in record:
