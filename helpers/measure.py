@@ -86,6 +86,13 @@ def _load(route: str, source, quant: str, device: int):
     return loading.auto_class_for(config).from_pretrained(path, dtype=torch.bfloat16, device_map=device_map, **kwargs)
 
 
+def config_sha256(source) -> str:
+    """The hash of the checkpoint's config.json: which exact architecture a record measured."""
+    from . import models
+
+    return hashlib.sha256((Path(models.resolve(source)) / "config.json").read_bytes()).hexdigest()
+
+
 def prefill_peak(model, tokenizer, context: int, device) -> dict:
     """Peak GPU memory and speed of one ``generate`` prefill of ``context`` tokens;
     ``{"context", "oom": True, ...}`` when it runs out of memory."""
@@ -172,7 +179,8 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, card_gb * 1e9 / total), device)
     record = {"route": route, "quant": quant, "model": str(source), "card_gb": card_gb,
-              "ple": route.split("-")[1] if route.startswith("ple-") else None}
+              "ple": route.split("-")[1] if route.startswith("ple-") else None,
+              "config_sha256": config_sha256(source)}
     torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
     try:

@@ -3,6 +3,10 @@ notebook, each with its own date, GPU and versions. Runs accumulate: a notebook'
 replaced only when that notebook ran again.
 
     python tools/record_nbval.py build/nbval-gpu.xml
+    python tools/record_nbval.py run.xml --environment-from data/measurements/e4b-shape.jsonl --command "..."
+
+The second form records a JUnit file brought back from a GPU box, with the GPU and versions of a
+benchmark record made there in the same session (this machine may have no GPU).
 """
 
 from __future__ import annotations
@@ -27,14 +31,38 @@ def summarise(junit: Path) -> dict:
     return {name: {**counts, "result": "pass" if counts["failed"] == 0 else "fail"} for name, counts in sorted(cells.items())}
 
 
-def main(argv) -> int:
-    from helpers.measure import environment
+def run_date(junit: Path) -> str | None:
+    suite = next(ET.parse(junit).getroot().iter("testsuite"), None)
+    stamp = suite.get("timestamp") if suite is not None else None
+    return stamp[:10] if stamp else None
 
+
+def environment_from(path: Path) -> dict:
+    line = next(line for line in path.read_text().splitlines() if line.strip())
+    record = json.loads(line)
+    return {key: record[key] for key in ("gpu", "gpu_total_bytes", "versions")}
+
+
+def main(argv) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("junit", type=Path)
+    parser.add_argument("--environment-from", type=Path, help="a benchmark record from the same GPU session")
+    parser.add_argument("--command", help="the command that produced the JUnit file")
+    args = parser.parse_args(argv)
     model = os.environ.get("GEMMA_MODEL", "e4b-shape")
     target = ROOT / "data" / "gpu-tier" / f"notebooks-{model}.json"
     record = json.loads(target.read_text()) if target.is_file() else {"model": model, "notebooks": {}}
-    context = {**environment(), "command": f"GPU_RECORD=1 GEMMA_MODEL={model} make test-gpu-notebooks"}
-    for name, counts in summarise(Path(argv[0])).items():
+    if args.environment_from:
+        context = environment_from(args.environment_from)
+    else:
+        from helpers.measure import environment
+
+        context = environment()
+    context["command"] = args.command or f"GPU_RECORD=1 GEMMA_MODEL={model} make test-gpu-notebooks"
+    context["date"] = run_date(args.junit) or context.get("date")
+    for name, counts in summarise(args.junit).items():
         record["notebooks"][name] = {**counts, **context}
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -91,7 +91,10 @@ def render_notebooks(record: dict) -> str:
     for name, entry in sorted(record["notebooks"].items()):
         lines.append(f"| `{name}` | {entry['result']} | {entry['passed']}/{entry['passed'] + entry['failed']} | {entry['gpu']} | "
                      f"{entry['date']} | {entry['versions']['transformers']} | {entry['versions']['bitsandbytes']} |")
-    return "\n".join(lines + ["", f"Recorded by `{next(iter(record['notebooks'].values()))['command']}`."])
+    commands = sorted({entry["command"] for entry in record["notebooks"].values()})
+    recorded_by = [f"Recorded by `{command}` ({', '.join(n for n, e in sorted(record['notebooks'].items()) if e['command'] == command)})."
+                   for command in commands]
+    return "\n".join(lines + [""] + recorded_by)
 
 
 def _peak_at(record, context):
