@@ -104,7 +104,9 @@ def prefill_peak(model, tokenizer, context: int, device) -> dict:
         with torch.no_grad():
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
         torch.cuda.synchronize(device)
+        # peak reserved is what a memory cap limits: allocated plus the allocator's fragmentation
         return {"context": context, "peak_bytes": torch.cuda.max_memory_allocated(device),
+                "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
                 "tokens_per_s": round(context / (time.perf_counter() - began), 1)}
     except torch.OutOfMemoryError:
         # device_free_bytes tells a card-sized limit apart from a GPU shared with other processes

@@ -35,3 +35,33 @@ def test_the_gpu_workflow_runs_make_test_gpu_on_a_self_hosted_gpu_runner():
     job = workflow["jobs"]["gpu"]
     assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
     assert any("make test-gpu" in step.get("run", "") for step in job["steps"])
+
+
+def _record_nbval():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("record_nbval", ROOT / "tools" / "record_nbval.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_notebook_with_one_failing_cell_is_recorded_as_failed_with_the_run_date(tmp_path):
+    junit = tmp_path / "run.xml"
+    junit.write_text(
+        '<testsuites><testsuite timestamp="2026-11-29T19:25:03+00:00">'
+        '<testcase classname="notebooks.01_download.ipynb" name="Cell 0" />'
+        '<testcase classname="notebooks.06_memory_profiling.ipynb" name="Cell 0" />'
+        '<testcase classname="notebooks.06_memory_profiling.ipynb" name="Cell 1"><failure message="boom" /></testcase>'
+        '</testsuite></testsuites>')
+    tool = _record_nbval()
+    summary = tool.summarise(junit)
+    assert summary["01_download.ipynb"]["result"] == "pass"
+    assert summary["06_memory_profiling.ipynb"] == {"passed": 1, "failed": 1, "skipped": 0, "result": "fail"}
+    assert tool.run_date(junit) == "2026-11-29"
+
+
+def test_a_junit_file_brought_back_takes_its_environment_from_a_benchmark_record_of_that_session(tmp_path):
+    records = tmp_path / "e4b-shape.jsonl"
+    records.write_text('{"gpu": "NVIDIA H200", "gpu_total_bytes": 1, "versions": {"torch": "2.11"}, "other": 0}\n')
+    assert _record_nbval().environment_from(records) == {"gpu": "NVIDIA H200", "gpu_total_bytes": 1, "versions": {"torch": "2.11"}}
