@@ -47,7 +47,15 @@ test-matrix: install
 ## make test-gpu: the GPU tier and nbval on e4b-shape, with the machine's own python (no venv needed)
 PYTHON_GPU ?= python3
 GPU_NOTEBOOKS ?= $(NOTEBOOKS)
-test-gpu: test-gpu-tier test-gpu-notebooks
+## one run of both halves, timed; GPU_RECORD=1 also writes data/gpu-tier/make-test-gpu.json
+test-gpu:
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory test-gpu-tier; tier=$$?; \
+	$(MAKE) --no-print-directory test-gpu-notebooks; notebooks=$$?; \
+	seconds=$$(( $$(date +%s) - start )); echo "make test-gpu: $$seconds s (GPU tier exit $$tier, notebooks exit $$notebooks)"; \
+	if [ "$${GPU_RECORD:-0}" = 1 ]; then $(PYTHON_GPU) tools/record_gpu_run.py --seconds $$seconds \
+		--tier-status $$tier --notebooks-status $$notebooks; fi; \
+	[ $$tier = 0 ] && [ $$notebooks = 0 ]
 
 test-gpu-tier:
 	PYTHONPATH=$(CURDIR):$$PYTHONPATH GPU_RECORD=$${GPU_RECORD:-0} $(PYTHON_GPU) -m pytest tests -m gpu -v -ra

@@ -65,3 +65,15 @@ def test_a_junit_file_brought_back_takes_its_environment_from_a_benchmark_record
     records = tmp_path / "e4b-shape.jsonl"
     records.write_text('{"gpu": "NVIDIA H200", "gpu_total_bytes": 1, "versions": {"torch": "2.11"}, "other": 0}\n')
     assert _record_nbval().environment_from(records) == {"gpu": "NVIDIA H200", "gpu_total_bytes": 1, "versions": {"torch": "2.11"}}
+
+
+def test_a_gpu_run_over_ten_minutes_is_recorded_as_over_the_budget():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("record_gpu_run", ROOT / "tools" / "record_gpu_run.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    environment = {"gpu": "NVIDIA H200", "versions": {}, "date": "2026-11-29"}
+    assert tool.summary(512, 0, 0, environment)["within_limit"] is True
+    slow = tool.summary(640, 0, 1, environment)
+    assert slow["within_limit"] is False and slow["notebooks"] == "fail" and slow["gpu_tier"] == "pass"

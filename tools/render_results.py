@@ -192,11 +192,20 @@ def render_benchmark() -> str:
     return "\n".join(lines).rstrip()
 
 
+def render_gpu_run(run: dict) -> str:
+    verdict = "within" if run["within_limit"] else "over"
+    return (f"**`{run['command']}`**, one run: GPU tier {run['gpu_tier']}, notebooks {run['notebooks']}, "
+            f"{run['seconds']} s ({verdict} the {run['limit_s']} s budget) on {run['gpu']}, {run['date']}, "
+            f"transformers {run['versions']['transformers']}.")
+
+
 def render() -> str:
     blocks = [render_benchmark()]
     for path in sorted(RECORDS.glob("*.json")):
         if path.stem.startswith("notebooks-"):
             blocks.append(render_notebooks(json.loads(path.read_text())))
+        elif path.stem == "make-test-gpu":
+            blocks.append(render_gpu_run(json.loads(path.read_text())))
         else:
             blocks.append(render_record_set(path.stem, json.loads(path.read_text())))
     body = "\n\n".join(blocks) if blocks else "_No GPU records yet: run `GPU_RECORD=1 make test-gpu` on a GPU._"
