@@ -86,7 +86,6 @@ def peak_vs_context(records: list, ax=None, planner=None):
 
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 5))
-    styles = {"gpu": "-", "cpu": "-"}
     colors = {}
     for record in sorted(records, key=lambda r: (r["configuration"]["model"], r["configuration"]["quant"], r["configuration"]["ple"])):
         c = record["configuration"]
@@ -95,12 +94,14 @@ def peak_vs_context(records: list, ax=None, planner=None):
             continue
         label = f"{c['model']} {c['quant']}, PLE on {c['ple']}"
         x = [p["context"] for p in points]
-        line, = ax.plot(x, [p["peak_bytes"] / 1e9 for p in points], styles[c["ple"]], marker="o" if c["ple"] == "cpu" else "s",
+        line, = ax.plot(x, [p["peak_bytes"] / 1e9 for p in points], "-", marker="o" if c["ple"] == "cpu" else "s",
                         markersize=4, label=label, color=colors.get((c["model"], c["quant"])))
         colors[(c["model"], c["quant"])] = line.get_color()
         if planner is not None:
             ax.plot(x, [planner(c["model"], c["quant"], c["ple"], n) / 1e9 for n in x], ":", color=line.get_color(), linewidth=1)
-    for card in (8, 15, 16):
+    from .bench import CARDS_GB
+
+    for card in CARDS_GB:
         ax.axhline(card, color="grey", linewidth=0.6, linestyle="--")
         ax.text(0.01, card, f"{card} GB card", transform=ax.get_yaxis_transform(), fontsize=7, color="grey", va="bottom")
     ax.set_xscale("log", base=2)
@@ -115,7 +116,7 @@ def peak_vs_context(records: list, ax=None, planner=None):
 
 def card_fits(records: list, ax=None, planner=None):
     """Largest context that prefills and decodes on each simulated card, per model and placement
-    (the benchmark's cards preset); a cross where the model does not load. ``planner``: a function
+    (the benchmark's cards preset); "does not load" where the model does not. ``planner``: a function
     (model, quant, ple, card_gb) -> predicted largest context, drawn as a tick."""
     import matplotlib.pyplot as plt
     import numpy as np

@@ -93,16 +93,17 @@ def config_sha256(source) -> str:
     return hashlib.sha256((Path(models.resolve(source)) / "config.json").read_bytes()).hexdigest()
 
 
-def prefill_peak(model, tokenizer, context: int, device) -> dict:
-    """Peak GPU memory and speed of one ``generate`` prefill of ``context`` tokens;
-    ``{"context", "oom": True, ...}`` when it runs out of memory."""
+def prefill_peak(model, tokenizer, context: int, device, new_tokens: int = 1) -> dict:
+    """Peak GPU memory and speed of one ``generate`` prefill of ``context`` tokens (and
+    ``new_tokens`` - 1 decoded after it); ``{"context", "oom": True, ...}`` when it runs out of memory."""
     ids = prompt_ids(tokenizer, context, device)
     torch.cuda.reset_peak_memory_stats(device)
     try:
         torch.cuda.synchronize(device)
         began = time.perf_counter()
         with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                           min_new_tokens=new_tokens, do_sample=False)
         torch.cuda.synchronize(device)
         # peak reserved is what a memory cap limits: allocated plus the allocator's fragmentation
         return {"context": context, "peak_bytes": torch.cuda.max_memory_allocated(device),
@@ -120,9 +121,9 @@ def memory_readout(device) -> dict:
     """Three views of GPU memory: what tensors hold (allocated), what PyTorch's caching allocator
     holds (reserved), and what the whole device has in use, as nvidia-smi shows it (every process,
     plus each process's CUDA context)."""
-    device = torch.device(device)
+    counters = gpu_memory(device)
     free, total = torch.cuda.mem_get_info(device)
-    return {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device),
+    return {"allocated": counters["allocated_bytes"], "reserved": counters["reserved_bytes"],
             "device in use (nvidia-smi)": total - free, "device total": total}
 
 
@@ -154,17 +155,7 @@ def largest_true(low: int, high: int, predicate, resolution: int = 512):
 
 def fits_context(model, tokenizer, context: int, device, decode_tokens: int = 8) -> bool:
     """Does a prefill of ``context`` tokens plus a few decoded ones run without running out of memory?"""
-    ids = prompt_ids(tokenizer, context, device)
-    try:
-        with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=decode_tokens,
-                           min_new_tokens=decode_tokens, do_sample=False)
-        return True
-    except torch.OutOfMemoryError:
-        return False
-    finally:
-        del ids
-        torch.cuda.empty_cache()
+    return not prefill_peak(model, tokenizer, context, device, new_tokens=decode_tokens).get("oom")
 
 
 def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int = 256, contexts=(), card_gb=None,

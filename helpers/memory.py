@@ -115,7 +115,6 @@ import math  # noqa: E402
 from .paths import DATA_DIR  # noqa: E402
 
 CALIBRATION = DATA_DIR / "planner" / "activations.json"
-MEASUREMENTS = DATA_DIR / "measurements"
 # (not head_dim: transformers 5.2x saves per-layer head widths differently from 5.5-5.1x)
 ARCHITECTURE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "hidden_size_per_layer_input", "vocab_size")
@@ -273,7 +272,8 @@ def predict(config, quant: str = "nf4", ple: str = "cpu", context: int = 8500, k
     else:
         weights = weight_bytes(meta_model(config), quant=quant, ple=ple, keep_bf16=keep_bf16, double_quant=double_quant)
     profile = activation_profile(config, quant, calibration)
-    terms = {f"weights: {part}": size for part, size in sorted(weights.by_course_part().items(), key=lambda kv: -kv[1])}
+    by_part = weights.by_course_part()
+    terms = {f"weights: {part}": size for part, size in sorted(by_part.items(), key=lambda kv: -kv[1])}
     terms["KV cache"] = kv_cache_bytes(config, context)
     terms["activations (measured profile)"] = int(profile.bytes(context))
     if all_logits:
@@ -281,7 +281,7 @@ def predict(config, quant: str = "nf4", ple: str = "cpu", context: int = 8500, k
     name = label or getattr(config, "_name_or_path", "") or getattr(text_config_of(config), "model_type", "model")
     return MemoryEstimate(model=str(name), quant=quant, ple=ple, context=context, resident_bytes=weights.gpu_bytes,
                           peak_bytes=int(sum(terms.values())), cpu_bytes=weights.cpu_bytes, terms=terms,
-                          weights_by_part=weights.by_course_part(), activations_from=profile.measured_on)
+                          weights_by_part=by_part, activations_from=profile.measured_on)
 
 
 @functools.lru_cache(maxsize=64)
@@ -313,33 +313,27 @@ def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: 
     Beside the predicted peak, the caching allocator needs room for fragmentation: a fraction of
     the transient memory, measured on the simulated cards (``allocator_reserve`` in the calibration)."""
     from .loading import GPU_HEADROOM_BYTES
+    from .measure import largest_true
 
-    config = resolve_config(config)
     calibration = calibration or load_calibration()
-    estimate = predict(config, quant, ple, context, keep_bf16, calibration=calibration)
+    estimate = predict(config, quant, ple, context, keep_bf16, calibration=calibration)  # a name keeps its cache
+    config = resolve_config(config)
     card = card_gb * 1e9
     loads = estimate.resident_bytes + GPU_HEADROOM_BYTES <= card
     if not loads:
         return CardVerdict(card_gb, False, False, None, estimate)
     reserve = 1 + calibration["allocator_reserve"]
     profile = activation_profile(config, quant, calibration)
-    limit = text_config_of(config).max_position_embeddings
 
-    def needed(n: int) -> float:
-        return estimate.resident_bytes + reserve * (profile.bytes(n) + kv_cache_bytes(config, n))
+    def fits_in_card(n: int) -> bool:
+        return estimate.resident_bytes + reserve * (profile.bytes(n) + kv_cache_bytes(config, n)) <= card
 
-    low, high = 0, limit
-    if needed(high) <= card:
-        low = high
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if needed(middle) <= card else (low, middle)
-    return CardVerdict(card_gb, True, needed(context) <= card, low or None, estimate)
+    largest = largest_true(1, text_config_of(config).max_position_embeddings, fits_in_card, resolution=1)
+    return CardVerdict(card_gb, True, fits_in_card(context), largest, estimate)
 
 
 def card_table(config, quant: str = "nf4", context: int = 8500, keep_bf16=(), cards: dict = CARDS) -> list:
     """Rows of (card, placement, verdict) for the course's cards and both PLE placements."""
-    config = resolve_config(config)
     calibration = load_calibration()
     return [(name, ple, fits(config, gb, quant, ple, context, keep_bf16, calibration=calibration))
             for name, gb in cards.items() for ple in ("gpu", "cpu")]
@@ -381,13 +375,6 @@ def agreement(records: list, calibration: dict | None = None) -> list:
 
 
 # --- calibration: the measured activation profiles, from the benchmark's records -------------------
-
-def read_records(directory=MEASUREMENTS) -> list:
-    records = []
-    for path in sorted(Path(directory).glob("*.jsonl")):
-        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return records
-
 
 def _transient(record, point, config) -> float:
     return point["peak_bytes"] - record["resident_bytes"] - kv_cache_bytes(config, point["context"])
@@ -444,7 +431,9 @@ def main(argv=None) -> int:
     plan.add_argument("--context", type=int, default=8500)
     args = parser.parse_args(argv)
     if args.command == "calibrate":
-        calibration = calibrate(read_records())
+        from .bench import latest_records
+
+        calibration = calibrate(latest_records())
         CALIBRATION.parent.mkdir(parents=True, exist_ok=True)
         CALIBRATION.write_text(json.dumps(calibration, indent=1, sort_keys=True) + "\n")
         print(f"wrote {CALIBRATION} ({len(calibration['architectures'])} architectures, "

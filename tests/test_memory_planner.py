@@ -5,10 +5,10 @@ profiles from `python -m helpers.memory calibrate`. These tests read both; none 
 
 import pytest
 
-from helpers import memory
+from helpers import bench, memory
 from helpers.errors import CourseError
 
-RECORDS = memory.read_records()
+RECORDS = bench.latest_records()
 CALIBRATION = memory.load_calibration()
 LOADED = [r for r in RECORDS if "resident_bytes" in r and not r["configuration"].get("route")]
 PREFILLS = [(r, p) for r in LOADED for p in r.get("prefill", []) if "peak_bytes" in p]
