@@ -110,6 +110,20 @@ def latest_records(directory: Path = MEASUREMENTS, preset: str | None = None) ->
     return list(newest.values())
 
 
+def decode_speeds(model: str = "e4b-shape", quant: str = "nf4", directory: Path = MEASUREMENTS) -> dict:
+    """Decode tokens/s by route (``ple-gpu``, ``ple-cpu``, ``cpu-entry``) from the speed preset, the
+    only records timed one process at a time; the memory presets and the GPU tier run side by side."""
+    speeds = {}
+    for record in latest_records(directory, preset="speed"):
+        c = record["configuration"]
+        if c["model"] == model and c["quant"] == quant and record.get("decode_tokens_per_s") is not None:
+            speeds[c.get("route") or f"ple-{c['ple']}"] = record["decode_tokens_per_s"]
+    if not speeds:
+        raise FileNotFoundError(f"No speed records for {model} {quant} in {directory}: "
+                                "run `python -m helpers.bench speed` on a GPU.")
+    return speeds
+
+
 def run_in_fresh_process(config: Configuration, timeout_s: float = 540) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         target = Path(scratch) / "record.json"

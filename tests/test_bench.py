@@ -84,3 +84,18 @@ def test_the_naive_cpu_entry_is_timed_but_never_compared_as_a_placement(tmp_path
     records, comparisons = bench.run_preset("speed", runner=fake_runner(), directory=tmp_path)
     assert len(records) == len(bench.presets()["speed"])
     assert {(c.model, c.quant) for c in comparisons} == {("e4b-shape", "nf4"), ("e2b-shape", "nf4")}
+
+
+def test_decode_speeds_come_only_from_runs_timed_one_process_at_a_time(tmp_path):
+    bench.run_preset("speed", runner=fake_runner(), directory=tmp_path)
+    speeds = bench.decode_speeds("e4b-shape", directory=tmp_path)
+    assert speeds == {"ple-gpu": 9.0, "ple-cpu": 9.0, "cpu-entry": 9.0}
+    side_by_side = tmp_path / "concurrent"
+    bench.run_preset("speed", runner=fake_runner(), directory=side_by_side, jobs=2)
+    with pytest.raises(FileNotFoundError, match="helpers.bench speed"):
+        bench.decode_speeds("e4b-shape", directory=side_by_side)  # nulled timings are not speeds
+
+
+def test_the_recorded_speeds_show_the_naive_cpu_entry_far_slower_than_the_course_offload():
+    speeds = bench.decode_speeds("e4b-shape")
+    assert speeds["cpu-entry"] < speeds["ple-cpu"] / 5
