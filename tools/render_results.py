@@ -31,7 +31,7 @@ def gb(value) -> str:
 
 def seconds_per_token(record: dict) -> str:
     value = record.get("seconds_per_token")
-    return f"{value:.3f}" if value is not None else "(concurrent run: see Speed)"
+    return f"{value:.3f}" if value is not None else "-"
 
 
 def greedy_verdict(record: dict, reference: dict) -> str:
@@ -47,21 +47,25 @@ def render_record_set(name: str, records: dict) -> str:
     reference = records.get("ple-gpu", {})
     any_record = next(iter(records.values()))
     context = next((p["context"] for p in reference.get("prefill", [])), None)
+    # a side-by-side run nulls its timings; the column then goes, and the Speed table has them
+    timed = any(r.get("seconds_per_token") is not None for r in records.values() if r)
+    timing_header = " s/token |" if timed else ""
     lines = [
         f"**{name}** on {any_record['gpu']} ({any_record['date']}; torch {any_record['versions']['torch']}, "
         f"transformers {any_record['versions']['transformers']}, bitsandbytes {any_record['versions']['bitsandbytes']}), "
         f"quantization `{any_record['quant']}`. GB = 10^9 bytes.",
         "",
         f"| route | allocated after load | reserved | peak during load | peak, {context:,}-token prefill "
-        f"| s/token | greedy tokens vs PLE on GPU |" if context else "| route | allocated | reserved | peak load | peak prefill | s/token | greedy |",
-        "|---|---|---|---|---|---|---|",
+        f"|{timing_header} greedy tokens vs PLE on GPU |" if context
+        else f"| route | allocated | reserved | peak load | peak prefill |{timing_header} greedy |",
+        "|---|---|---|---|---|" + "---|" * (2 if timed else 1),
     ]
     for route, label in ROUTE_LABELS.items():
         record = records.get(route)
         if record is None:
             continue
         if "load_error" in record:
-            lines.append(f"| {label} | refused: `{record['load_error'][:60]}...` | | | | | |")
+            lines.append(f"| {label} | refused: `{record['load_error'][:60]}...` | | | |" + " |" * (2 if timed else 1))
             continue
         prefill = record["prefill"][0] if record.get("prefill") else None
         if prefill is None:
@@ -76,12 +80,14 @@ def render_record_set(name: str, records: dict) -> str:
             same = "reference" if route == "ple-gpu" else greedy_verdict(record, reference)
         lines.append(
             f"| {label} | {gb(record['resident_bytes'])} | {gb(record['reserved_bytes'])} | "
-            f"{gb(record['peak_load_bytes'])} | {peak} | {seconds_per_token(record)} | {same} |"
+            f"{gb(record['peak_load_bytes'])} | {peak} |" + (f" {seconds_per_token(record)} |" if timed else "") + f" {same} |"
         )
     command = ""
     if "ple-cpu" in records:
         command = "GPU_RECORD=1 make test-gpu`, which runs `" + records["ple-cpu"]["command"].split(" --json")[0]
-    lines += ["", f"Recorded by `{command}`, one fresh process per route." if command else ""]
+    how = ("one fresh process per route" if timed else
+           "one fresh process per route, all side by side (so no timings here: see Speed)")
+    lines += ["", f"Recorded by `{command}`, {how}." if command else ""]
     return "\n".join(lines).rstrip()
 
 
