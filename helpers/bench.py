@@ -79,6 +79,9 @@ def presets() -> dict:
 
 
 TIMING_KEYS = ("decode_tokens_per_s", "seconds_per_token")
+# every record carries these, null where nothing was measured (a load that ran out of memory, a crash)
+RECORD_KEYS = ("model", "quant", "ple", "card_gb", "config_sha256", "gpu", "versions", "resident_bytes", "reserved_bytes",
+               "peak_load_bytes", "prefill", "max_context", "decode_tokens_per_s", "greedy_sha256", "command", "date")
 
 
 def without_timings(record: dict, jobs: int) -> dict:
@@ -182,7 +185,7 @@ def compare(records: list) -> list:
             other = gpu_prefill.get(point["context"], {})
             comparison.ratios[f"peak@{point['context']}"] = _ratio(point.get("peak_bytes"), other.get("peak_bytes"))
             comparison.ratios[f"prefill_speed@{point['context']}"] = _ratio(point.get("tokens_per_s"), other.get("tokens_per_s"))
-        if "max_context" in cpu or "max_context" in gpu:
+        if cpu.get("max_context") is not None or gpu.get("max_context") is not None:
             comparison.ratios["max_context"] = (gpu.get("max_context"), cpu.get("max_context"))
         if gpu.get("greedy_sha256") and cpu.get("greedy_sha256"):
             comparison.greedy_match = gpu["greedy_sha256"] == cpu["greedy_sha256"]
@@ -206,6 +209,8 @@ def run_preset(name: str, *, runner=run_in_fresh_process, directory: Path = MEAS
         record.update(configuration=asdict(config), preset=name, command=command or f"python -m helpers.bench {name}",
                       recorded_at=datetime.datetime.now().isoformat(timespec="seconds"))
         record.pop("greedy_tokens", None)  # the hash and the count stay
+        record.update({key: record.get(key, getattr(config, key, None)) for key in RECORD_KEYS})
+        record.update(prefill=record["prefill"] or [], date=record["date"] or record["recorded_at"][:10])
         append_record(record, directory)
         print(f"[{number}/{len(configurations)}] {label}: {record.get('crashed') or record.get('load_error') or 'done'}", flush=True)
         return record

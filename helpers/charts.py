@@ -15,7 +15,7 @@ def route_memory(records: dict, ax=None):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    routes = [r for r in ROUTE_NAMES if r in records and "resident_bytes" in records[r]]
+    routes = [r for r in ROUTE_NAMES if (records.get(r) or {}).get("resident_bytes") is not None]
     series = {
         "allocated after load": [records[r]["resident_bytes"] for r in routes],
         "reserved after load": [records[r]["reserved_bytes"] for r in routes],

@@ -357,7 +357,7 @@ def agreement(records: list, calibration: dict | None = None) -> list:
     rows = []
     for record in records:
         c = record["configuration"]
-        if c.get("route") or "resident_bytes" not in record:
+        if c.get("route") or record.get("resident_bytes") is None:
             continue
         name = f"{c['model']} {c['quant']} PLE on {c['ple']}"
         for point in [p for p in record.get("prefill", []) if "peak_bytes" in p]:
@@ -390,7 +390,7 @@ def calibrate(records: list) -> dict:
     configs: dict = {}
     for record in records:
         config_of = record["configuration"]
-        if record.get("preset") != "memory" or config_of["ple"] != "cpu" or "resident_bytes" not in record:
+        if record.get("preset") != "memory" or config_of["ple"] != "cpu" or record.get("resident_bytes") is None:
             continue
         config = configs.setdefault(config_of["model"], resolve_config(config_of["model"]))
         points = [p for p in record["prefill"] if "peak_bytes" in p]

@@ -99,3 +99,19 @@ def test_decode_speeds_come_only_from_runs_timed_one_process_at_a_time(tmp_path)
 def test_the_recorded_speeds_show_the_naive_cpu_entry_far_slower_than_the_course_offload():
     speeds = bench.decode_speeds("e4b-shape")
     assert speeds["cpu-entry"] < speeds["ple-cpu"] / 5
+
+
+def test_every_record_has_the_issue_keys_even_when_loading_runs_out_of_memory(tmp_path):
+    def runner(config):
+        if config.ple == "gpu":
+            return {"load_error": "InsufficientGPUMemoryError: ...", "load_oom": True, "model": config.model}
+        return fake_runner()(config)
+
+    records, comparisons = bench.run_preset("cards", runner=runner, directory=tmp_path)
+    for line in (tmp_path / "e4b-shape.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        assert set(bench.RECORD_KEYS) <= set(record), set(bench.RECORD_KEYS) - set(record)
+        assert record["card_gb"] in bench.CARDS_GB and record["date"]
+        if record["ple"] == "gpu":
+            assert record["resident_bytes"] is None and record["prefill"] == [] and record["max_context"] is None
+    assert all(c.ratios["resident"] is None for c in comparisons)

@@ -10,7 +10,7 @@ from helpers.errors import CourseError
 
 RECORDS = bench.latest_records()
 CALIBRATION = memory.load_calibration()
-LOADED = [r for r in RECORDS if "resident_bytes" in r and not r["configuration"].get("route")]
+LOADED = [r for r in RECORDS if r.get("resident_bytes") is not None and not r["configuration"].get("route")]
 PREFILLS = [(r, p) for r in LOADED for p in r.get("prefill", []) if "peak_bytes" in p]
 CARDS = [r for r in RECORDS if r.get("preset") == "cards" and r.get("max_context")]
 

@@ -74,7 +74,7 @@ def render_record_set(name: str, records: dict) -> str:
             peak = "OOM"
         else:
             peak = f"{gb(prefill['peak_bytes'])}" + ("" if prefill["context"] == context else f" ({prefill['context']} tokens)")
-        if "greedy_sha256" not in record:
+        if record.get("greedy_sha256") is None:
             same = ""
         else:
             same = "reference" if route == "ple-gpu" else greedy_verdict(record, reference)
