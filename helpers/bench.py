@@ -239,6 +239,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("helpers.bench measures GPU memory and speed: run it on a CUDA machine.")
         return 2
+    from . import models
+
+    for model in sorted({config.model for config in presets()[args.preset]}):
+        print(f"checkpoint {model}: {models.resolve(model)}", flush=True)  # built once here, not by N processes at once
     records, comparisons = run_preset(args.preset, jobs=args.jobs, command="python -m helpers.bench " + " ".join(argv or sys.argv[1:]))
     crashed = [r for r in records if "crashed" in r]
     for comparison in comparisons:

@@ -166,6 +166,9 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
     from . import loading, placement
     from .errors import CourseError
 
+    from . import models
+
+    models.resolve(source)  # a synthetic checkpoint is built with the whole GPU, before any card-sized cap
     torch.cuda.init()
     index, device = device, torch.device("cuda", device)
     if card_gb is not None:

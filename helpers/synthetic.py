@@ -218,15 +218,29 @@ def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = Fa
     ``shape`` is ``tiny``, ``e2b-shape``, ``e4b-shape``, or a config object/dict for any other
     Gemma 4 shape. The build is atomic: it is written to a hidden sibling folder and renamed
     into place only once complete, so an interrupted build leaves nothing that looks like a
-    checkpoint.
+    checkpoint. Concurrent calls for the same folder build it once.
     """
-    from tqdm.auto import tqdm
-    from transformers import Gemma4ForConditionalGeneration, GenerationConfig
+    from filelock import FileLock
 
     config = gemma4_config(shape)
     dest = Path(dest) if dest is not None else default_destination(shape)
     if is_complete(dest) and not force:
         return dest
+    # several processes may ask at once (bench --jobs, the GPU tier): one builds, the others wait
+    # and reuse, so none replaces a checkpoint another is reading. The lock lives in the course
+    # cache, not beside a folder the user chose.
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(locks / (hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:16] + ".lock"))):
+        if is_complete(dest) and not force:
+            return dest
+        return _build_unlocked(shape, config, dest, seed, progress)
+
+
+def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Path:
+    from tqdm.auto import tqdm
+    from transformers import Gemma4ForConditionalGeneration, GenerationConfig
+
     if dest.exists() and not is_complete(dest) and any(dest.iterdir()):
         raise InvalidChoiceError(
             f"{dest} exists and is not a synthetic checkpoint; choose an empty or new folder."

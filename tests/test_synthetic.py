@@ -65,6 +65,30 @@ def test_a_finished_build_is_reused_not_rebuilt(tmp_path):
     assert (dest / "model.safetensors").stat().st_mtime_ns == stamp
 
 
+def test_processes_asking_at_once_build_once_and_never_replace_a_checkpoint_being_read(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    real_build, builds = synthetic._build_unlocked, []
+
+    def slow_build(*args):
+        builds.append(threading.get_ident())
+        time.sleep(0.5)  # the others ask while this build runs
+        return real_build(*args)
+
+    monkeypatch.setattr(synthetic, "_build_unlocked", slow_build)
+    synthetic.gemma4_config("tiny")  # transformers' lazy imports are not thread-safe; processes each import alone
+    dest, results = tmp_path / "shared", []
+    askers = [threading.Thread(target=lambda: results.append(synthetic.build("tiny", dest, progress=False)))
+              for _ in range(3)]
+    for asker in askers:
+        asker.start()
+    for asker in askers:
+        asker.join()
+    assert len(builds) == 1 and results == [dest] * 3
+    assert synthetic.is_complete(dest) and [p.name for p in tmp_path.iterdir()] == ["shared"]
+
+
 def test_build_refuses_to_write_into_a_foreign_non_empty_folder(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(InvalidChoiceError, match="not a synthetic checkpoint"):
