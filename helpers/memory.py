@@ -293,16 +293,17 @@ def _named_weight_bytes(name: str, quant: str, ple: str, keep_bf16: tuple, doubl
 class CardVerdict:
     card_gb: float
     loads: bool
-    fits: bool  # the requested context prefills and decodes
-    max_context: int | None  # the largest context that does (None: does not even load)
+    fits: bool  # the requested context prefills and decodes, with the safe margin
+    max_context: int | None  # the largest context that does, with the typical margin (None: does not even load)
     estimate: MemoryEstimate
+    safe_context: int | None = None  # the same with the largest margin any measured card needed
 
     def __str__(self) -> str:
         if not self.loads:
             return f"{self.card_gb:g} GB: does not load (weights {self.estimate.resident_bytes / 1e9:.2f} GB)"
         verdict = "fits" if self.fits else "does NOT fit"
         return (f"{self.card_gb:g} GB: loads; a {self.estimate.context:,}-token prefill {verdict}; "
-                f"largest context about {self.max_context:,} tokens")
+                f"largest context about {self.max_context:,} tokens, {self.safe_context:,} to be safe")
 
 
 def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: int = 8500, keep_bf16=(), *,
@@ -311,7 +312,10 @@ def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: 
     ``context``-token prefill fit, and what is the largest context that does?
 
     Beside the predicted peak, the caching allocator needs room for fragmentation: a fraction of
-    the transient memory, measured on the simulated cards (``allocator_reserve`` in the calibration)."""
+    the transient memory, measured on the simulated cards. ``max_context`` uses the median of those
+    fractions (``allocator_reserve``), ``safe_context`` and ``fits`` the largest
+    (``allocator_reserve_worst``): under a cap the reachable context is step-like, and a promise
+    a card cannot keep costs an out-of-memory error, not a few tokens."""
     from .loading import GPU_HEADROOM_BYTES
     from .measure import largest_true
 
@@ -322,14 +326,18 @@ def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: 
     loads = estimate.resident_bytes + GPU_HEADROOM_BYTES <= card
     if not loads:
         return CardVerdict(card_gb, False, False, None, estimate)
-    reserve = 1 + calibration["allocator_reserve"]
     profile = activation_profile(config, quant, calibration)
 
-    def fits_in_card(n: int) -> bool:
-        return estimate.resident_bytes + reserve * (profile.bytes(n) + kv_cache_bytes(config, n)) <= card
+    def fits_in_card(n: int, reserve: float) -> bool:
+        return estimate.resident_bytes + (1 + reserve) * (profile.bytes(n) + kv_cache_bytes(config, n)) <= card
 
-    largest = largest_true(1, text_config_of(config).max_position_embeddings, fits_in_card, resolution=1)
-    return CardVerdict(card_gb, True, fits_in_card(context), largest, estimate)
+    def largest(reserve: float):
+        return largest_true(1, text_config_of(config).max_position_embeddings,
+                            lambda n: fits_in_card(n, reserve), resolution=1)
+
+    worst = calibration.get("allocator_reserve_worst", calibration["allocator_reserve"])
+    return CardVerdict(card_gb, True, fits_in_card(context, worst), largest(calibration["allocator_reserve"]), estimate,
+                       safe_context=largest(worst))
 
 
 def card_table(config, quant: str = "nf4", context: int = 8500, keep_bf16=(), cards: dict = CARDS) -> list:
@@ -371,6 +379,8 @@ def agreement(records: list, calibration: dict | None = None) -> list:
             verdict = fits(c["model"], c["card_gb"], c["quant"], c["ple"], calibration=calibration)
             rows.append((f"{name}: largest context on {c['card_gb']:g} GB", record["max_context"], verdict.max_context,
                          verdict.max_context / record["max_context"] - 1))
+            rows.append((f"{name}: safe context on {c['card_gb']:g} GB", record["max_context"], verdict.safe_context,
+                         verdict.safe_context / record["max_context"] - 1))
     return rows
 
 
@@ -415,6 +425,7 @@ def calibrate(records: list) -> dict:
         transient = profile.bytes(n) + kv_cache_bytes(config, n)
         reserves.append((record["configuration"]["card_gb"] * 1e9 - record["resident_bytes"] - transient) / transient)
     calibration["allocator_reserve"] = round(float(np.median(reserves)), 3) if reserves else 0.0
+    calibration["allocator_reserve_worst"] = math.ceil(max(reserves) * 1000) / 1000 if reserves else 0.0  # up: safe
     calibration["source"] = "python -m helpers.memory calibrate (from data/measurements/*.jsonl)"
     return calibration
 
@@ -437,7 +448,7 @@ def main(argv=None) -> int:
         CALIBRATION.parent.mkdir(parents=True, exist_ok=True)
         CALIBRATION.write_text(json.dumps(calibration, indent=1, sort_keys=True) + "\n")
         print(f"wrote {CALIBRATION} ({len(calibration['architectures'])} architectures, "
-              f"allocator reserve {calibration['allocator_reserve']:.1%})")
+              f"allocator reserve {calibration['allocator_reserve']:.1%}, worst {calibration['allocator_reserve_worst']:.1%})")
         return 0
     for ple in ("gpu", "cpu"):
         print(predict(args.config, args.quant, ple, args.context))

@@ -142,8 +142,10 @@ def render_benchmark() -> str:
         calibration = memory.load_calibration()
         lines += ["Largest context that prefills and decodes 8 tokens on a simulated card (the process capped with "
                   "`torch.cuda.set_per_process_memory_fraction`; bisection to 512 tokens), NF4, and what the planner "
-                  "(`helpers.memory.fits`) predicts:", "",
-                  "| model | card | PLE on GPU: measured / planner | PLE on CPU: measured / planner |", "|---|---|---|---|"]
+                  "(`helpers.memory.fits`) expects, with the typical allocator margin, and promises to be safe, with the "
+                  "largest margin any card needed:", "",
+                  "| model | card | PLE on GPU: measured / expected / safe | PLE on CPU: measured / expected / safe |",
+                  "|---|---|---|---|"]
         for model in bench.MODELS:
             for card in bench.CARDS_GB:
                 cells = []
@@ -154,7 +156,8 @@ def render_benchmark() -> str:
                         cells.append("")
                         continue
                     verdict = memory.fits(model, card, "nf4", ple, calibration=calibration)
-                    predicted = f"{verdict.max_context:,}" if verdict.loads else "does not load"
+                    predicted = (f"{verdict.max_context:,} / {verdict.safe_context:,}" if verdict.loads
+                                 else "does not load")
                     measured = f"{record['max_context']:,}" if record.get("max_context") else (
                         "does not load" if record.get("load_oom") else "none")
                     cells.append(f"{measured} / {predicted}")
