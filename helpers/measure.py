@@ -163,10 +163,8 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
     """Measure one route in this process. ``decode_runs`` > 1 adds a warm-up run and reports the
     median decode speed; ``search_max_context`` bisects the largest context that prefills and decodes,
     up to ``max_context_limit`` (default: the model's ``max_position_embeddings``)."""
-    from . import loading, placement
+    from . import loading, models, placement
     from .errors import CourseError
-
-    from . import models
 
     models.resolve(source)  # a synthetic checkpoint is built with the whole GPU, before any card-sized cap
     torch.cuda.init()
