@@ -10,12 +10,7 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .placement import human_bytes, unique_tensors
-
-
-def modules_named(model, suffix: str) -> list:
-    """Full names of the modules whose name ends in ``suffix`` (robust to PEFT and other prefixes)."""
-    return [name for name, _ in model.named_modules() if name == suffix or name.endswith("." + suffix)]
+from .placement import human_bytes, modules_named, unique_tensors  # noqa: F401 (modules_named: notebook 04)
 
 
 def module_sizes(model) -> dict:

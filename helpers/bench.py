@@ -242,7 +242,8 @@ def main(argv=None) -> int:
     from . import models
 
     for model in sorted({config.model for config in presets()[args.preset]}):
-        print(f"checkpoint {model}: {models.resolve(model)}", flush=True)  # built once here, not by N processes at once
+        # built here with one progress bar; the jobs would wait on the build lock in silence
+        print(f"checkpoint {model}: {models.resolve(model)}", flush=True)
     records, comparisons = run_preset(args.preset, jobs=args.jobs, command="python -m helpers.bench " + " ".join(argv or sys.argv[1:]))
     crashed = [r for r in records if "crashed" in r]
     for comparison in comparisons:

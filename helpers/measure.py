@@ -37,6 +37,13 @@ def prompt_ids(tokenizer, length: int, device) -> torch.Tensor:
     return torch.tensor([[tokenizer.bos_token_id, *repeated]], device=device)
 
 
+def _generate_exactly(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy ``generate`` of exactly ``new_tokens`` (no early stop at an end-of-turn token)."""
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False)
+
+
 def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32) -> dict:
     """Greedy-decode exactly ``new_tokens`` after a fixed prompt; tokens, their hash and the time."""
     from .placement import compute_device_of
@@ -46,9 +53,7 @@ def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32) -> dict:
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     synchronize()
     started = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False)
+    out = _generate_exactly(model, ids, new_tokens)
     synchronize()
     tokens = out[0, ids.shape[1]:].tolist()
     return {
@@ -101,9 +106,7 @@ def prefill_peak(model, tokenizer, context: int, device, new_tokens: int = 1) ->
     try:
         torch.cuda.synchronize(device)
         began = time.perf_counter()
-        with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                           min_new_tokens=new_tokens, do_sample=False)
+        _generate_exactly(model, ids, new_tokens)
         torch.cuda.synchronize(device)
         # peak reserved is what a memory cap limits: allocated plus the allocator's fragmentation
         return {"context": context, "peak_bytes": torch.cuda.max_memory_allocated(device),
@@ -166,7 +169,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
     from . import loading, models, placement
     from .errors import CourseError
 
-    models.resolve(source)  # a synthetic checkpoint is built with the whole GPU, before any card-sized cap
+    path = models.resolve(source)  # once; a synthetic checkpoint is built with the whole GPU, before any card-sized cap
     torch.cuda.init()
     index, device = device, torch.device("cuda", device)
     if card_gb is not None:
@@ -174,11 +177,11 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
         torch.cuda.set_per_process_memory_fraction(min(1.0, card_gb * 1e9 / total), device)
     record = {"route": route, "quant": quant, "model": str(source), "card_gb": card_gb,
               "ple": route.split("-")[1] if route.startswith("ple-") else None,
-              "config_sha256": config_sha256(source)}
+              "config_sha256": config_sha256(path)}
     torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
     try:
-        model = _load(route, source, quant, index)
+        model = _load(route, path, quant, index)
     except torch.OutOfMemoryError as err:
         record.update(load_error=f"OutOfMemoryError: {str(err).splitlines()[0]}", load_oom=True)
         return record
@@ -197,7 +200,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
         peak_load_bytes=after_load["peak_bytes"],
         placement=placement.report(model).as_dict()["bytes_by_device"],
     )
-    tokenizer = loading.load_processor(source)
+    tokenizer = loading.load_processor(path)
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
 
     record["prefill"] = [prefill_peak(model, tokenizer, context, device) for context in contexts]

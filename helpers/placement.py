@@ -23,9 +23,14 @@ PEFT_PREFIX = "base_model.model."
 
 # ---------------------------------------------------------------- finding modules
 
+def modules_named(model, suffix: str) -> list[str]:
+    """Full names of the modules whose name ends in ``suffix`` (robust to PEFT and other prefixes)."""
+    return [name for name, _ in model.named_modules() if name == suffix or name.endswith("." + suffix)]
+
+
 def ple_module_names(model) -> list[str]:
     """Names of the PLE tables, found by suffix so PEFT wrappers and other prefixes still match."""
-    return [name for name, _ in model.named_modules() if name.split(".")[-1] == PLE_SUFFIX]
+    return modules_named(model, PLE_SUFFIX)
 
 
 def require_ple(model) -> list[str]:

@@ -37,10 +37,11 @@ def test_the_gpu_workflow_runs_make_test_gpu_on_a_self_hosted_gpu_runner():
     assert any("make test-gpu" in step.get("run", "") for step in job["steps"])
 
 
-def _record_nbval():
+def _tool(name: str):
+    """A script of tools/ imported as a module (tools/ is not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("record_nbval", ROOT / "tools" / "record_nbval.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -54,7 +55,7 @@ def test_a_notebook_with_one_failing_cell_is_recorded_as_failed_with_the_run_dat
         '<testcase classname="notebooks.06_memory_profiling.ipynb" name="Cell 0" />'
         '<testcase classname="notebooks.06_memory_profiling.ipynb" name="Cell 1"><failure message="boom" /></testcase>'
         '</testsuite></testsuites>')
-    tool = _record_nbval()
+    tool = _tool("record_nbval")
     summary = tool.summarise(junit)
     assert summary["01_download.ipynb"]["result"] == "pass"
     assert summary["06_memory_profiling.ipynb"] == {"passed": 1, "failed": 1, "skipped": 0, "result": "fail"}
@@ -64,15 +65,11 @@ def test_a_notebook_with_one_failing_cell_is_recorded_as_failed_with_the_run_dat
 def test_a_junit_file_brought_back_takes_its_environment_from_a_benchmark_record_of_that_session(tmp_path):
     records = tmp_path / "e4b-shape.jsonl"
     records.write_text('{"gpu": "NVIDIA H200", "gpu_total_bytes": 1, "versions": {"torch": "2.11"}, "other": 0}\n')
-    assert _record_nbval().environment_from(records) == {"gpu": "NVIDIA H200", "gpu_total_bytes": 1, "versions": {"torch": "2.11"}}
+    assert _tool("record_nbval").environment_from(records) == {"gpu": "NVIDIA H200", "gpu_total_bytes": 1, "versions": {"torch": "2.11"}}
 
 
 def test_a_gpu_run_over_ten_minutes_is_recorded_as_over_the_budget():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("record_gpu_run", ROOT / "tools" / "record_gpu_run.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = _tool("record_gpu_run")
     environment = {"gpu": "NVIDIA H200", "versions": {}, "date": "2026-11-29"}
     assert tool.summary(512, 0, 0, environment)["within_limit"] is True
     slow = tool.summary(640, 0, 1, environment)

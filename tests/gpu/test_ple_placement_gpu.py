@@ -38,7 +38,7 @@ def routes(tmp_path_factory):
     from helpers.bench import without_timings
 
     if models.is_synthetic(MODEL):
-        synthetic.build(MODEL)  # once, before five processes would each start building it
+        synthetic.build(MODEL)  # here, with its progress bar; the five processes would wait on its lock in silence
     out = tmp_path_factory.mktemp("routes")
     running = {}
     for route, extra in ROUTE_ARGS.items():
