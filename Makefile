@@ -10,23 +10,26 @@ TRANSFORMERS_MATRIX ?= 5.5.2 5.17.0
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: bench install test test-cpu test-notebooks test-matrix test-gpu test-gpu-tier test-gpu-notebooks course lab gpu-wheels clean
+.PHONY: bench install lint test test-cpu test-notebooks test-matrix test-gpu test-gpu-tier test-gpu-notebooks course lab gpu-wheels clean
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	@# On a CUDA machine the venv sees the system's torch and leaves it alone.
 	$(PYTHON) -m venv $(if $(HAS_CUDA),--system-site-packages) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@if [ -z "$(HAS_CUDA)" ] && ! $(PY) -c "import torch" 2>/dev/null; then \
 		echo "No CUDA here: installing the CPU build $(CPU_TORCH) first"; $(PY) -m pip install -q $(CPU_TORCH); fi
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 install: $(VENV)/.installed
 
 ## make test: every tier this machine can run
-test: install test-cpu test-notebooks test-matrix
+test: install lint test-cpu test-notebooks test-matrix
 	@if [ -n "$(HAS_CUDA)" ]; then $(MAKE) --no-print-directory test-gpu PYTHON_GPU=$(PY); fi
+
+lint: install
+	$(VENV)/bin/ruff check .
 
 test-cpu: install
 	$(PY) -m pytest tests -ra

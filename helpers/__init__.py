@@ -1,10 +1,18 @@
-"""Helpers for the Gemma 4 E4B on small GPUs course.
+"""Helpers for the course "Gemma 4 E4B on small GPUs": one module per concept it teaches.
 
-Modules, one per concept the course teaches:
-``models`` (where a checkpoint comes from), ``synthetic`` (random-weight checkpoints of the
-real shapes), ``loading`` (quantization and PLE placement at load time), ``placement``
-(device maps, the PLE offload, placement reports), ``memory`` (weight-size estimates),
-``errors`` (the one exception family).
+Imports point down this list, never up:
+
+    errors, paths, cards           the exception family; where files live; the learners' cards
+    synthetic, download            random-weight checkpoints of the real shapes; downloading with retries
+    models                         where a checkpoint comes from: hub id, folder or synthetic name; its config
+    placement, quantization        device maps and the PLE offload; bitsandbytes configs
+    weights                        bytes per part from the meta model, before loading
+    loading                        load_model(source, quant, ple, device)
+    records                        readers of the recorded results (data/measurements, data/gpu-tier)
+    planner                        predict / fits: memory before loading, from a config and the records
+    anatomy, charts, environment   module trees, plots, the setup check
+    mirror, faults                 a classroom mirror (olah); a fault-injecting proxy
+    measure, bench                 the GPU runners: one route in a fresh process; the benchmark grid
 """
 
 __version__ = "0.1.0"

@@ -27,11 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-MEASUREMENTS = Path(__file__).resolve().parents[1] / "data" / "measurements"
+from . import models
+from .cards import SIMULATED_CARDS_GB
+from .paths import MEASUREMENTS_DIR
+from .placement import PLACEMENTS
+
 MODELS = ("e4b-shape", "e2b-shape")
-PLES = ("gpu", "cpu")
 MEMORY_CONTEXTS = (512, 1024, 2048, 4096, 8500, 16384, 32768)
-CARDS_GB = (8, 15, 16)  # RTX 4060, Colab T4 (15 GB usable), the seed issue's 16 GB laptop card
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,13 @@ class Configuration:
 def presets() -> dict:
     """Named parts of the grid, each meant to finish within 10 minutes on one H200."""
     return {
-        "quick": [Configuration("e4b-shape", "nf4", ple, contexts=(512, 2048)) for ple in PLES],
+        "quick": [Configuration("e4b-shape", "nf4", ple, contexts=(512, 2048)) for ple in PLACEMENTS],
         "memory": [Configuration(model, quant, ple, contexts=MEMORY_CONTEXTS, new_tokens=32)
-                   for model in MODELS for quant in ("bf16", "int8", "nf4") for ple in PLES],
+                   for model in MODELS for quant in ("bf16", "int8", "nf4") for ple in PLACEMENTS],
         "cards": [Configuration(model, "nf4", ple, card_gb=card, new_tokens=16, search_max_context=True)
-                  for model in MODELS for card in CARDS_GB for ple in PLES],
+                  for model in MODELS for card in SIMULATED_CARDS_GB for ple in PLACEMENTS],
         "speed": [Configuration(model, "nf4", ple, contexts=(512, 4096), new_tokens=32, decode_runs=3)
-                  for model in MODELS for ple in PLES]
+                  for model in MODELS for ple in PLACEMENTS]
         # the naive "cpu" device-map entry, for the time per token it costs (slow: few tokens)
         + [Configuration("e4b-shape", "nf4", "cpu", contexts=(512,), new_tokens=8, route="cpu-entry")],
     }
@@ -96,37 +98,6 @@ def without_timings(record: dict, jobs: int) -> dict:
     return record
 
 
-def latest_records(directory: Path = MEASUREMENTS, preset: str | None = None) -> list:
-    """The newest record of each configuration (records accumulate; reruns supersede)."""
-    newest: dict = {}
-    for path in sorted(Path(directory).glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if preset and record.get("preset") != preset:
-                continue
-            c = record["configuration"]
-            key = (record.get("preset"), c["model"], c["quant"], c["ple"], c.get("route", ""), c["card_gb"])
-            if key not in newest or record["recorded_at"] >= newest[key]["recorded_at"]:
-                newest[key] = record
-    return list(newest.values())
-
-
-def decode_speeds(model: str = "e4b-shape", quant: str = "nf4", directory: Path = MEASUREMENTS) -> dict:
-    """Decode tokens/s by route (``ple-gpu``, ``ple-cpu``, ``cpu-entry``) from the speed preset, the
-    only records timed one process at a time; the memory presets and the GPU tier run side by side."""
-    speeds = {}
-    for record in latest_records(directory, preset="speed"):
-        c = record["configuration"]
-        if c["model"] == model and c["quant"] == quant and record.get("decode_tokens_per_s") is not None:
-            speeds[c.get("route") or f"ple-{c['ple']}"] = record["decode_tokens_per_s"]
-    if not speeds:
-        raise FileNotFoundError(f"No speed records for {model} {quant} in {directory}: "
-                                "run `python -m helpers.bench speed` on a GPU.")
-    return speeds
-
-
 def run_in_fresh_process(config: Configuration, timeout_s: float = 540) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         target = Path(scratch) / "record.json"
@@ -143,7 +114,7 @@ def run_in_fresh_process(config: Configuration, timeout_s: float = 540) -> dict:
 _APPEND_LOCK = threading.Lock()  # with --jobs, whole lines from one thread at a time
 
 
-def append_record(record: dict, directory: Path = MEASUREMENTS) -> Path:
+def append_record(record: dict, directory: Path = MEASUREMENTS_DIR) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{record['configuration']['model']}.jsonl"
     with _APPEND_LOCK, open(target, "a") as handle:
@@ -193,7 +164,7 @@ def compare(records: list) -> list:
     return comparisons
 
 
-def run_preset(name: str, *, runner=run_in_fresh_process, directory: Path = MEASUREMENTS, command: str = "",
+def run_preset(name: str, *, runner=run_in_fresh_process, directory: Path = MEASUREMENTS_DIR, command: str = "",
                jobs: int = 1) -> tuple:
     """Run every configuration of a preset (``jobs`` at a time), append its records as each one
     finishes, and compare the placements."""
@@ -239,8 +210,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("helpers.bench measures GPU memory and speed: run it on a CUDA machine.")
         return 2
-    from . import models
-
     for model in sorted({config.model for config in presets()[args.preset]}):
         # built here with one progress bar; the jobs would wait on the build lock in silence
         print(f"checkpoint {model}: {models.resolve(model)}", flush=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .cards import SIMULATED_CARDS_GB
+
 ROUTE_NAMES = {
     "ple-gpu": 'ple="gpu"\n{"": 0}',
     "ple-cpu": 'ple="cpu"\nCPU lookup',
@@ -39,7 +41,7 @@ def route_memory(records: dict, ax=None):
     return ax
 
 
-def weights_by_part(estimates: dict, ax=None, card_gb=(8, 15, 16)):
+def weights_by_part(estimates: dict, ax=None, card_gb=SIMULATED_CARDS_GB):
     """Stacked bars of GPU weight bytes per course part, one bar per configuration, with card sizes."""
     import matplotlib.pyplot as plt
 
@@ -99,9 +101,7 @@ def peak_vs_context(records: list, ax=None, planner=None):
         colors[(c["model"], c["quant"])] = line.get_color()
         if planner is not None:
             ax.plot(x, [planner(c["model"], c["quant"], c["ple"], n) / 1e9 for n in x], ":", color=line.get_color(), linewidth=1)
-    from .bench import CARDS_GB
-
-    for card in CARDS_GB:
+    for card in SIMULATED_CARDS_GB:
         ax.axhline(card, color="grey", linewidth=0.6, linestyle="--")
         ax.text(0.01, card, f"{card} GB card", transform=ax.get_yaxis_transform(), fontsize=7, color="grey", va="bottom")
     ax.set_xscale("log", base=2)

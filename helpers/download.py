@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .errors import CourseError, ModelNotFoundError
 
+REAL_MODEL = "google/gemma-4-E4B-it"
 # What the course needs from google/gemma-4-E4B-it: weights, configs, tokenizer and chat template.
 COURSE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt"]
 
@@ -71,21 +72,37 @@ class DownloadResult:
     errors: list = field(default_factory=list)  # one line per failed attempt
 
 
-def _is_permanent(err: Exception) -> bool:
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
-
-    return isinstance(err, (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError))
-
-
-def _explain_permanent(err: Exception, repo_id: str) -> CourseError:
-    from huggingface_hub.errors import GatedRepoError, RevisionNotFoundError
+def explain_hub_error(err: Exception, repo_id: str) -> CourseError | None:
+    """The course's sentence for a hub error that no retry can fix (gated, missing, no such
+    revision, not cached while offline); ``None`` for the rest, which a retry may fix."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     if isinstance(err, GatedRepoError):
         return ModelNotFoundError(
             f"{repo_id} is gated: accept its licence on the model page, then log in with `hf auth login`.")
     if isinstance(err, RevisionNotFoundError):
         return ModelNotFoundError(f"{repo_id} has no such revision; drop the revision or pick one that exists.")
-    return ModelNotFoundError(f"No model {repo_id!r} at this endpoint (or no access): check the spelling and HF_ENDPOINT.")
+    if isinstance(err, RepositoryNotFoundError):
+        return ModelNotFoundError(
+            f"No model {repo_id!r} on the hub at this endpoint (or no access): check the spelling (e.g. {REAL_MODEL}) "
+            f"and HF_ENDPOINT.")
+    if isinstance(err, LocalEntryNotFoundError):
+        return ModelNotFoundError(
+            f"Cannot reach the hub to fetch {repo_id} and it is not in the local cache: connect, set HF_ENDPOINT "
+            f"to a mirror (with HF_HUB_DISABLE_XET=1), or use a synthetic model such as GEMMA_MODEL=tiny.")
+    return None
+
+
+def _is_offline_miss(err: Exception) -> bool:
+    # during a download a "not in the local cache" error means the connection dropped: retry it
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    return isinstance(err, LocalEntryNotFoundError)
 
 
 def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patterns=COURSE_PATTERNS,
@@ -107,8 +124,9 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
             path = snapshot_download(repo_id, local_dir=str(local_dir), endpoint=endpoint, allow_patterns=allow_patterns)
             return DownloadResult(Path(path), attempt, errors)
         except Exception as err:  # noqa: BLE001 - sorted below into permanent, disk-full and transient
-            if _is_permanent(err):
-                raise _explain_permanent(err, repo_id) from None
+            permanent = explain_hub_error(err, repo_id)
+            if permanent is not None and not _is_offline_miss(err):
+                raise permanent from None
             if isinstance(err, OSError) and err.errno == errno.ENOSPC:
                 raise DiskFullError(
                     f"The disk holding {local_dir} is full: free about 16 GB or pass a local_dir on a larger disk; "

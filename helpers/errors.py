@@ -39,3 +39,10 @@ class OutdatedTransformersError(CourseError):
 
 class InvalidChoiceError(CourseError):
     """An argument outside the choices the course supports."""
+
+
+def require_choice(value, allowed, what: str):
+    """``value`` if it is one of ``allowed``, else one ``InvalidChoiceError`` sentence listing them."""
+    if isinstance(value, str) and value in allowed:
+        return value
+    raise InvalidChoiceError(f"{what}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}.")

@@ -113,7 +113,7 @@ class FaultyProxy:
             if not writer.is_closing():
                 writer.close()
 
-    def start(self) -> "FaultyProxy":
+    def start(self) -> FaultyProxy:
         ready = threading.Event()
 
         def serve():

@@ -14,21 +14,23 @@ from pathlib import Path
 
 import torch
 
-from . import memory, models, placement
-from .quantization import QUANTS, quantization_config
+from . import models, placement
 from .errors import (
     BitsandbytesMissingError,
     CudaUnavailableError,
     InsufficientGPUMemoryError,
-    InvalidChoiceError,
     OutdatedTransformersError,
+    require_choice,
 )
+from .models import Source
+from .placement import PLACEMENTS, Placement
+from .quantization import QUANTS, Quant, quantization_config
+from .weights import GPU_HEADROOM_BYTES, WeightEstimate, meta_model, weight_bytes
 
 FIRST_WITH_GEMMA4 = "5.5.0"
 FIRST_WITH_NO_CACHE_FIX = "5.5.2"  # huggingface/transformers#45242, fixed by #45253
-PLACEMENTS = ("gpu", "cpu")
-# CUDA context, cuBLAS workspaces and the first activations need room beyond the weights.
-GPU_HEADROOM_BYTES = 600 * 1024**2
+# a GPU index, "cpu", "cuda", "cuda:1" or a torch.device
+Device = int | str | torch.device
 
 
 def check_transformers(version: str | None = None) -> None:
@@ -52,13 +54,7 @@ def check_transformers(version: str | None = None) -> None:
         )
 
 
-def _choice(value, allowed, what):
-    if value not in allowed:
-        raise InvalidChoiceError(f"{what}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}.")
-    return value
-
-
-def compute_device(device) -> torch.device:
+def compute_device(device: Device) -> torch.device:
     """The device the decoder runs on; a clear error when CUDA is asked for but absent."""
     resolved = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
     if resolved.type == "cuda":
@@ -76,7 +72,7 @@ def compute_device(device) -> torch.device:
     return resolved
 
 
-def require_bitsandbytes(quant: str) -> None:
+def require_bitsandbytes(quant: Quant) -> None:
     if quant != "bf16" and importlib.util.find_spec("bitsandbytes") is None:
         raise BitsandbytesMissingError(
             f"quant={quant!r} needs bitsandbytes, which is not installed: run `pip install bitsandbytes` "
@@ -94,7 +90,7 @@ def gpu_budget_bytes(device: torch.device) -> int:
     return free
 
 
-def check_fits(estimate: memory.WeightEstimate, device: torch.device, quant: str, ple: str) -> None:
+def check_fits(estimate: WeightEstimate, device: torch.device, quant: Quant, ple: Placement) -> None:
     if device.type != "cuda":
         return
     budget = gpu_budget_bytes(device)
@@ -118,24 +114,11 @@ def default_device():
     return 0 if torch.cuda.is_available() else "cpu"
 
 
-def load_config(source=None):
-    """The checkpoint's config, without loading any weights."""
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(models.resolve(source))
-
-
-def auto_class_for(config):
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
-
-
 def load_model(
-    source=None,
-    quant: str = "nf4",
-    ple: str = "cpu",
-    device=0,
+    source: Source = None,
+    quant: Quant = "nf4",
+    ple: Placement = "cpu",
+    device: Device = 0,
     *,
     keep_bf16=(),
     compute_dtype=torch.bfloat16,
@@ -152,16 +135,14 @@ def load_model(
     ``keep_bf16``, ``compute_dtype``, ``double_quant``: see ``quantization.quantization_config``.
     ``device_map``: your own map instead of the course's (checked: every key must match a module).
     """
-    from transformers import AutoConfig
-
     check_transformers()
-    _choice(quant, QUANTS, "quant")
-    _choice(ple, PLACEMENTS, "ple")
+    require_choice(quant, QUANTS, "quant")
+    require_choice(ple, PLACEMENTS, "ple")
     target = compute_device(device)
     require_bitsandbytes(quant)
     path = models.resolve(source)
-    config = AutoConfig.from_pretrained(path)
-    skeleton = memory.meta_model(config)
+    config = models.load_config(path)
+    skeleton = meta_model(config)
     if ple == "cpu":
         placement.require_ple(skeleton)
     if device_map is None:
@@ -174,7 +155,7 @@ def load_model(
         placement.validate_device_map(skeleton, device_map)
     cpu_entries = target.type == "cuda" and "cpu" in set(device_map.values())
     if check_memory:
-        check_fits(memory.weight_bytes(skeleton, quant, ple, keep_bf16, double_quant), target, quant, ple)
+        check_fits(weight_bytes(skeleton, quant, ple, keep_bf16, double_quant), target, quant, ple)
     del skeleton
     kwargs = dict(dtype=torch.bfloat16, device_map=device_map)
     quant_config = quantization_config(quant, cpu_entries=cpu_entries, keep_bf16=keep_bf16,
@@ -183,7 +164,7 @@ def load_model(
         kwargs["quantization_config"] = quant_config
     kwargs.update(from_pretrained_kwargs)
     try:
-        model = auto_class_for(config).from_pretrained(path, **kwargs)
+        model = models.auto_class_for(config).from_pretrained(path, **kwargs)
     except torch.OutOfMemoryError:
         raise InsufficientGPUMemoryError(
             f"Ran out of GPU memory while loading {path.name} with quant={quant!r}, ple={ple!r}: "
@@ -200,7 +181,7 @@ def _map_value(device: torch.device):
     return device.index if device.type == "cuda" else str(device)
 
 
-def load_processor(source=None):
+def load_processor(source: Source = None):
     """The checkpoint's processor (``AutoProcessor``); the tokenizer where the processor cannot be built.
 
     Gemma 4's processor includes a video processor that needs torchvision. Without it, the
@@ -220,3 +201,9 @@ def load_processor(source=None):
                 stacklevel=2,
             )
     return AutoTokenizer.from_pretrained(path)
+
+
+def load_tokenizer(source: Source = None):
+    """The text tokenizer alone: the processor's own where there is a processor."""
+    processor = load_processor(source)
+    return getattr(processor, "tokenizer", processor)

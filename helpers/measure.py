@@ -16,7 +16,6 @@ Routes:
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import sys
@@ -25,7 +24,12 @@ from pathlib import Path
 
 import torch
 
-RECORDS = Path(__file__).resolve().parents[1] / "data" / "gpu-tier"
+from . import loading, models, placement, quantization
+from .errors import CourseError
+from .planner import largest_true
+from .records import environment
+from .weights import meta_model
+
 ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag")
 PROMPT_TEXT = "The per-layer embedding table is a lookup, so only the rows of these tokens are read. "
 
@@ -46,9 +50,7 @@ def _generate_exactly(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor
 
 def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32) -> dict:
     """Greedy-decode exactly ``new_tokens`` after a fixed prompt; tokens, their hash and the time."""
-    from .placement import compute_device_of
-
-    device = compute_device_of(model)  # not the PLE table's device, which may be the CPU
+    device = placement.compute_device_of(model)  # not the PLE table's device, which may be the CPU
     ids = prompt_ids(tokenizer, prompt_length, device)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     synchronize()
@@ -75,26 +77,21 @@ def gpu_memory(device) -> dict:
 
 
 def _load(route: str, source, quant: str, device: int):
-    from . import loading, memory, placement, quantization
-    from transformers import AutoConfig
-
     if route in ("ple-gpu", "ple-cpu"):
         return loading.load_model(source, quant=quant, ple=route.split("-")[1], device=device)
     if route == "post-load":
         model = loading.load_model(source, quant=quant, ple="gpu", device=device)
         return placement.offload_ple(model, torch.device("cuda", device))
-    path = loading.models.resolve(source)
-    config = AutoConfig.from_pretrained(path)
-    device_map = placement.ple_device_map(memory.meta_model(config), device)
+    path = models.resolve(source)
+    config = models.load_config(path)
+    device_map = placement.ple_device_map(meta_model(config), device)
     qc = quantization.quantization_config(quant, cpu_entries=(route == "cpu-entry"))
     kwargs = {"quantization_config": qc} if qc is not None else {}
-    return loading.auto_class_for(config).from_pretrained(path, dtype=torch.bfloat16, device_map=device_map, **kwargs)
+    return models.auto_class_for(config).from_pretrained(path, dtype=torch.bfloat16, device_map=device_map, **kwargs)
 
 
 def config_sha256(source) -> str:
     """The hash of the checkpoint's config.json: which exact architecture a record measured."""
-    from . import models
-
     return hashlib.sha256((Path(models.resolve(source)) / "config.json").read_bytes()).hexdigest()
 
 
@@ -143,19 +140,6 @@ def snapshot_prefill(model, tokenizer, context: int, path, device) -> Path:
     return path
 
 
-def largest_true(low: int, high: int, predicate, resolution: int = 512):
-    """The largest value in [low, high] (to ``resolution``) where a monotone ``predicate`` holds;
-    None if it fails already at ``low``."""
-    if not predicate(low):
-        return None
-    if predicate(high):
-        return high
-    while high - low > resolution:
-        middle = (low + high) // 2
-        low, high = (middle, high) if predicate(middle) else (low, middle)
-    return low
-
-
 def fits_context(model, tokenizer, context: int, device, decode_tokens: int = 8) -> bool:
     """Does a prefill of ``context`` tokens plus a few decoded ones run without running out of memory?"""
     return not prefill_peak(model, tokenizer, context, device, new_tokens=decode_tokens).get("oom")
@@ -166,9 +150,6 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
     """Measure one route in this process. ``decode_runs`` > 1 adds a warm-up run and reports the
     median decode speed; ``search_max_context`` bisects the largest context that prefills and decodes,
     up to ``max_context_limit`` (default: the model's ``max_position_embeddings``)."""
-    from . import loading, models, placement
-    from .errors import CourseError
-
     path = models.resolve(source)  # once; a synthetic checkpoint is built with the whole GPU, before any card-sized cap
     torch.cuda.init()
     index, device = device, torch.device("cuda", device)
@@ -200,8 +181,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
         peak_load_bytes=after_load["peak_bytes"],
         placement=placement.report(model).as_dict()["bytes_by_device"],
     )
-    tokenizer = loading.load_processor(path)
-    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+    tokenizer = loading.load_tokenizer(path)
 
     record["prefill"] = [prefill_peak(model, tokenizer, context, device) for context in contexts]
 
@@ -228,38 +208,6 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
         record["max_context"] = largest_true(512, limit, lambda context: fits_context(model, tokenizer, context, device))
         record["max_context_limit"] = limit
     return record
-
-
-def environment() -> dict:
-    import accelerate
-    import transformers
-
-    try:
-        import bitsandbytes
-
-        bnb = bitsandbytes.__version__
-    except ImportError:
-        bnb = None
-    gpu = torch.cuda.get_device_properties(0)
-    return {
-        "gpu": gpu.name,
-        "gpu_total_bytes": gpu.total_memory,
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "accelerate": accelerate.__version__,
-            "bitsandbytes": bnb,
-        },
-        "date": datetime.date.today().isoformat(),
-    }
-
-
-def recorded(model: str = "e4b-shape", quant: str = "nf4") -> dict:
-    """The GPU-tier records for a model and quantization, route -> record (from data/gpu-tier)."""
-    path = RECORDS / f"{model}-{quant}.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"No recorded GPU measurements at {path}: run `GPU_RECORD=1 make test-gpu` on a GPU.")
-    return json.loads(path.read_text())
 
 
 def main(argv=None) -> int:

@@ -150,7 +150,7 @@ class Mirror:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
 
-    def start(self, timeout: float = 60) -> "Mirror":
+    def start(self, timeout: float = 60) -> Mirror:
         import urllib.request
 
         command = olah_command()

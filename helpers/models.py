@@ -8,23 +8,25 @@ import re
 from pathlib import Path
 
 from . import synthetic
+from .download import REAL_MODEL, explain_hub_error
 from .errors import ModelNotFoundError, NotAGemma4CheckpointError
 
 DEFAULT_MODEL = "tiny"
 MODEL_ENV = "GEMMA_MODEL"
-REAL_MODEL = "google/gemma-4-E4B-it"
 GEMMA4_MODEL_TYPES = {"gemma4", "gemma4_text"}
+# a hub id ("google/gemma-4-E4B-it"), a folder, a synthetic name ("tiny"), or None for $GEMMA_MODEL
+Source = str | os.PathLike | None
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def requested(source=None) -> str:
+def requested(source: Source = None) -> str:
     """What the user asked for: the argument, else ``$GEMMA_MODEL``, else ``tiny``."""
     if source is not None:
         return os.fspath(source)
     return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
 
-def is_synthetic(source=None) -> bool:
+def is_synthetic(source: Source = None) -> bool:
     return requested(source) in synthetic.SHAPES
 
 
@@ -45,33 +47,17 @@ def check_checkpoint_folder(path: Path) -> Path:
 
 def _download(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
 
     try:
         return Path(snapshot_download(repo_id))
-    except GatedRepoError:
-        raise ModelNotFoundError(
-            f"{repo_id} is gated: accept its licence on the model page, then log in with `hf auth login`."
-        ) from None
-    except RepositoryNotFoundError:
-        raise ModelNotFoundError(
-            f"No model {repo_id!r} on the hub (or no access): check the spelling, e.g. {REAL_MODEL}."
-        ) from None
-    except RevisionNotFoundError:
-        raise ModelNotFoundError(f"{repo_id} has no such revision; drop the revision or pick one that exists.") from None
-    except LocalEntryNotFoundError:
-        raise ModelNotFoundError(
-            f"Cannot reach the hub to fetch {repo_id} and it is not in the local cache: connect, set HF_ENDPOINT "
-            f"to a mirror (with HF_HUB_DISABLE_XET=1), or use a synthetic model such as GEMMA_MODEL=tiny."
-        ) from None
+    except Exception as err:  # noqa: BLE001 - the hub's own errors become one sentence; others propagate
+        explained = explain_hub_error(err, repo_id)
+        if explained is None:
+            raise
+        raise explained from None
 
 
-def resolve(source=None) -> Path:
+def resolve(source: Source = None) -> Path:
     """Local path of a ready checkpoint for a hub id, a folder, or a synthetic name.
 
     Synthetic names are built on first use (seconds for ``tiny``); hub ids are downloaded
@@ -91,3 +77,22 @@ def resolve(source=None) -> Path:
         f"No folder {str(path)!r} and not a hub id; pass an existing folder, a hub id like {REAL_MODEL}, "
         f"or one of {', '.join(synthetic.SHAPES)}."
     )
+
+
+def load_config(source=None):
+    """The config of a checkpoint without loading weights: a config object as is, a synthetic
+    name from ``data/configs`` (nothing built), a folder or a hub id through ``resolve``."""
+    from transformers import AutoConfig, PreTrainedConfig
+
+    if isinstance(source, PreTrainedConfig):
+        return source
+    if is_synthetic(source):
+        return synthetic.gemma4_config(requested(source))
+    return AutoConfig.from_pretrained(resolve(source))
+
+
+def auto_class_for(config):
+    """The Auto class that loads this checkpoint: image-text-to-text where it has a vision tower."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM

@@ -1,4 +1,4 @@
-"""Where the course keeps its files."""
+"""Where the course keeps its files: the one place each data path is spelled."""
 
 import os
 from pathlib import Path
@@ -6,6 +6,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
 CONFIG_DIR = DATA_DIR / "configs"
+MEASUREMENTS_DIR = DATA_DIR / "measurements"  # the benchmark's records, one JSONL file per model
+GPU_TIER_DIR = DATA_DIR / "gpu-tier"  # the GPU tier's records and notebook runs
+PLANNER_DIR = DATA_DIR / "planner"  # the planner's calibration
+BUILD_DIR = REPO_ROOT / "build"  # executed notebooks and JUnit files, never committed
 
 
 def cache_dir() -> Path:

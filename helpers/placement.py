@@ -12,6 +12,7 @@ import types
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -19,6 +20,8 @@ from .errors import DeviceMapKeyError, NoPLETableError
 
 PLE_SUFFIX = "embed_tokens_per_layer"
 PEFT_PREFIX = "base_model.model."
+PLACEMENTS = ("gpu", "cpu")  # where the PLE table lives
+Placement = Literal["gpu", "cpu"]
 
 
 # ---------------------------------------------------------------- finding modules

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Literal
 
 import torch
 
-from .errors import InvalidChoiceError
+from .errors import require_choice
 
 QUANTS = ("bf16", "nf4", "fp4", "int8")
+Quant = Literal["bf16", "nf4", "fp4", "int8"]
 
 
-def quantization_config(quant: str, *, cpu_entries: bool = False, keep_bf16=(), compute_dtype=torch.bfloat16,
+def quantization_config(quant: Quant, *, cpu_entries: bool = False, keep_bf16=(), compute_dtype=torch.bfloat16,
                         double_quant: bool = False):
     """The ``BitsAndBytesConfig`` for a quant choice (``None`` for bf16).
 
@@ -25,8 +27,7 @@ def quantization_config(quant: str, *, cpu_entries: bool = False, keep_bf16=(), 
     """
     from transformers import BitsAndBytesConfig
 
-    if quant not in QUANTS:
-        raise InvalidChoiceError(f"quant={quant!r} is not supported; choose one of {', '.join(map(repr, QUANTS))}.")
+    require_choice(quant, QUANTS, "quant")
     if quant == "bf16":
         return None
     skip = list(dict.fromkeys(["lm_head", *keep_bf16])) if keep_bf16 else None

@@ -134,7 +134,6 @@ def _byte_block_start(special_ids, vocab_size: int) -> int:
 def build_tokenizer(config):
     """A byte-level tokenizer whose special tokens sit at the ids the config names."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     from transformers import PreTrainedTokenizerFast
 
     specials = _special_token_ids(config)

@@ -3,7 +3,7 @@
 import pytest
 from torch import nn
 
-from helpers import anatomy, loading, memory, synthetic
+from helpers import anatomy, loading, synthetic, weights
 
 
 @pytest.fixture(scope="module")
@@ -12,7 +12,7 @@ def tiny_nf4(tiny_path):
 
 
 def test_the_e4b_budget_on_the_meta_device_matches_the_measured_reference():
-    parts = memory.weight_bytes(memory.meta_model(synthetic.gemma4_config("e4b-shape")), "bf16", "gpu").by_course_part()
+    parts = weights.weight_bytes(weights.meta_model(synthetic.gemma4_config("e4b-shape")), "bf16", "gpu").by_course_part()
     reference = {"PLE table": 5.64e9, "embeddings (tied lm_head)": 1.34e9, "decoder layers": 7.89e9,
                  "vision tower": 0.34e9, "audio tower": 0.61e9}  # FINDINGS.md, E4B parameter budget (bf16)
     for part, expected in reference.items():

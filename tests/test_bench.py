@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from helpers import bench
-from helpers.measure import largest_true
+from helpers import bench, cards, records
+from helpers.planner import largest_true
 
 
 def test_bisection_finds_the_largest_context_that_fits_to_the_resolution():
@@ -88,16 +88,16 @@ def test_the_naive_cpu_entry_is_timed_but_never_compared_as_a_placement(tmp_path
 
 def test_decode_speeds_come_only_from_runs_timed_one_process_at_a_time(tmp_path):
     bench.run_preset("speed", runner=fake_runner(), directory=tmp_path)
-    speeds = bench.decode_speeds("e4b-shape", directory=tmp_path)
+    speeds = records.decode_speeds("e4b-shape", directory=tmp_path)
     assert speeds == {"ple-gpu": 9.0, "ple-cpu": 9.0, "cpu-entry": 9.0}
     side_by_side = tmp_path / "concurrent"
     bench.run_preset("speed", runner=fake_runner(), directory=side_by_side, jobs=2)
     with pytest.raises(FileNotFoundError, match="helpers.bench speed"):
-        bench.decode_speeds("e4b-shape", directory=side_by_side)  # nulled timings are not speeds
+        records.decode_speeds("e4b-shape", directory=side_by_side)  # nulled timings are not speeds
 
 
 def test_the_recorded_speeds_show_the_naive_cpu_entry_far_slower_than_the_course_offload():
-    speeds = bench.decode_speeds("e4b-shape")
+    speeds = records.decode_speeds("e4b-shape")
     assert speeds["cpu-entry"] < speeds["ple-cpu"] / 5
 
 
@@ -111,7 +111,7 @@ def test_every_record_has_the_issue_keys_even_when_loading_runs_out_of_memory(tm
     for line in (tmp_path / "e4b-shape.jsonl").read_text().splitlines():
         record = json.loads(line)
         assert set(bench.RECORD_KEYS) <= set(record), set(bench.RECORD_KEYS) - set(record)
-        assert record["card_gb"] in bench.CARDS_GB and record["date"]
+        assert record["card_gb"] in cards.SIMULATED_CARDS_GB and record["date"]
         if record["ple"] == "gpu":
             assert record["resident_bytes"] is None and record["prefill"] == [] and record["max_context"] is None
     assert all(c.ratios["resident"] is None for c in comparisons)

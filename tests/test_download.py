@@ -141,10 +141,9 @@ def test_a_model_folder_under_a_dot_cache_directory_is_mirrored_whole(source, tm
 
 
 def test_a_gated_model_says_to_accept_the_licence_and_log_in(monkeypatch, tmp_path):
+    import httpx
     import huggingface_hub
     from huggingface_hub.errors import GatedRepoError
-
-    import httpx
 
     def gated(*args, **kwargs):
         url = f"https://huggingface.co/api/models/{REPO}/revision/main"

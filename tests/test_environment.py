@@ -49,7 +49,8 @@ def test_no_gpu_is_a_warning_not_a_failure_because_tiny_runs_on_cpu(monkeypatch)
 
 
 def test_html_report_colours_failing_lines_red(monkeypatch):
-    report = environment.EnvironmentReport([environment.Check("bitsandbytes", "not installed", environment.FAIL, "pip install bitsandbytes")])
+    failing = environment.Check("bitsandbytes", "not installed", environment.FAIL, "pip install bitsandbytes")
+    report = environment.EnvironmentReport([failing])
     assert environment.COLOURS[environment.FAIL] in report._repr_html_()
     assert "Not ready" in report._repr_html_()
 

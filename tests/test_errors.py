@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from helpers import loading, memory, synthetic
+from helpers import loading, synthetic, weights
 from helpers.errors import (
     BitsandbytesMissingError,
     CourseError,
@@ -80,12 +80,12 @@ def test_missing_bitsandbytes_says_pip_install_or_bf16(monkeypatch):
 
 
 def test_not_enough_gpu_memory_is_said_before_loading_with_the_fix(monkeypatch):
-    estimate = memory.weight_bytes(memory.meta_model(synthetic.gemma4_config("e4b-shape")), "nf4", "gpu")
+    estimate = weights.weight_bytes(weights.meta_model(synthetic.gemma4_config("e4b-shape")), "nf4", "gpu")
     monkeypatch.setattr(loading, "gpu_budget_bytes", lambda device: int(7.5e9))  # an 8 GB card, in use
     with pytest.raises(InsufficientGPUMemoryError, match="ple='cpu'") as excinfo:
         loading.check_fits(estimate, torch.device("cuda", 0), "nf4", "gpu")
     assert "9.5" in str(excinfo.value) or "10.1" in str(excinfo.value)
-    on_cpu = memory.weight_bytes(memory.meta_model(synthetic.gemma4_config("e4b-shape")), "nf4", "cpu")
+    on_cpu = weights.weight_bytes(weights.meta_model(synthetic.gemma4_config("e4b-shape")), "nf4", "cpu")
     loading.check_fits(on_cpu, torch.device("cuda", 0), "nf4", "cpu")  # fits once the PLE is on the CPU
 
 

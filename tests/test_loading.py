@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from conftest import tiny_prompt
+
 from helpers import loading, placement
 
 QUANTS = ["bf16", "nf4", "fp4", "int8"]

@@ -4,13 +4,13 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import memory, placement, synthetic
+from helpers import placement, synthetic, weights
 from helpers.errors import DeviceMapKeyError, NoPLETableError
 
 
 @pytest.fixture(scope="module")
 def e4b_meta():
-    return memory.meta_model(synthetic.gemma4_config("e4b-shape"))
+    return weights.meta_model(synthetic.gemma4_config("e4b-shape"))
 
 
 def test_ple_device_map_has_no_empty_key_and_sends_only_the_table_to_cpu(e4b_meta):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText, BitsAndBytesConfig
 
-from helpers import loading, memory, quantization, synthetic
+from helpers import loading, quantization, synthetic, weights
 
 
 def load_raw(tiny_path, config):
@@ -57,13 +57,13 @@ def test_double_quantization_saves_on_e4b_sized_layers_but_costs_on_tiny_ones():
 
     assert state_bytes(10240, 2560, True) < 0.5 * state_bytes(10240, 2560, False)  # an E4B MLP projection
     assert state_bytes(64, 64, True) > state_bytes(64, 64, False)  # fixed per-layer tables dominate
-    meta = memory.meta_model(synthetic.gemma4_config("e4b-shape"))
-    assert memory.weight_bytes(meta, "nf4", "cpu", double_quant=True).gpu_bytes < memory.weight_bytes(meta, "nf4", "cpu").gpu_bytes
+    meta = weights.meta_model(synthetic.gemma4_config("e4b-shape"))
+    assert weights.weight_bytes(meta, "nf4", "cpu", double_quant=True).gpu_bytes < weights.weight_bytes(meta, "nf4", "cpu").gpu_bytes
 
 
 def test_e4b_weights_by_course_part_add_up_and_the_ple_is_the_largest_single_table():
-    meta = memory.meta_model(synthetic.gemma4_config("e4b-shape"))
-    estimate = memory.weight_bytes(meta, "bf16", "gpu")
+    meta = weights.meta_model(synthetic.gemma4_config("e4b-shape"))
+    estimate = weights.weight_bytes(meta, "bf16", "gpu")
     parts = estimate.by_course_part()
     assert sum(parts.values()) == estimate.gpu_bytes
     assert parts["PLE table"] == pytest.approx(5.64e9, rel=0.01)

@@ -35,7 +35,7 @@ def test_tiny_keeps_every_structural_feature_of_e4b():
 
 
 def test_e4b_shape_has_the_reference_parameter_count_and_ple_shape():
-    from helpers.memory import meta_model
+    from helpers.weights import meta_model
 
     model = meta_model(synthetic.gemma4_config("e4b-shape"))
     unique = {id(p): p for p in model.parameters()}

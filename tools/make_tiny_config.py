@@ -8,10 +8,13 @@ of at least 64, because bitsandbytes' 4-bit CPU kernel needs both.
     python tools/make_tiny_config.py
 """
 import json
+import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-e4b = json.load(open(ROOT / "data/configs/gemma-4-E4B-it.config.json"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
+from helpers.paths import CONFIG_DIR  # noqa: E402
+
+e4b = json.loads((CONFIG_DIR / "gemma-4-E4B-it.config.json").read_text())
 t = json.loads(json.dumps(e4b))
 t.pop("transformers_version", None)
 # token ids: keep every special token inside a 320-entry vocab
@@ -30,4 +33,4 @@ vc.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attent
           head_dim=32, global_head_dim=32, position_embedding_size=256, default_output_length=70)
 ac = t["audio_config"]
 ac.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, output_proj_dims=64, subsampling_conv_channels=[8, 4])
-(ROOT / "data/configs/tiny.config.json").write_text(json.dumps(t, indent=2) + "\n")
+(CONFIG_DIR / "tiny.config.json").write_text(json.dumps(t, indent=2) + "\n")

@@ -11,8 +11,10 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-TARGET = ROOT / "data" / "gpu-tier" / "make-test-gpu.json"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
+from helpers.paths import GPU_TIER_DIR  # noqa: E402
+
+TARGET = GPU_TIER_DIR / "make-test-gpu.json"
 LIMIT_S = 600  # the budget: the whole GPU check within 10 minutes on one H200
 
 
@@ -28,8 +30,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tier-status", type=int, required=True)
     parser.add_argument("--notebooks-status", type=int, required=True)
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    from helpers.measure import environment
+    from helpers.records import environment
 
     record = summary(args.seconds, args.tier_status, args.notebooks_status, environment())
     TARGET.parent.mkdir(parents=True, exist_ok=True)

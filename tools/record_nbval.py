@@ -18,7 +18,8 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
+from helpers.paths import GPU_TIER_DIR  # noqa: E402
 
 
 def summarise(junit: Path) -> dict:
@@ -52,12 +53,12 @@ def main(argv) -> int:
     parser.add_argument("--command", help="the command that produced the JUnit file")
     args = parser.parse_args(argv)
     model = os.environ.get("GEMMA_MODEL", "e4b-shape")
-    target = ROOT / "data" / "gpu-tier" / f"notebooks-{model}.json"
+    target = GPU_TIER_DIR / f"notebooks-{model}.json"
     record = json.loads(target.read_text()) if target.is_file() else {"model": model, "notebooks": {}}
     if args.environment_from:
         context = environment_from(args.environment_from)
     else:
-        from helpers.measure import environment
+        from helpers.records import environment
 
         context = environment()
     context["command"] = args.command or f"GPU_RECORD=1 GEMMA_MODEL={model} make test-gpu-notebooks"

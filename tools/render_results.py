@@ -13,8 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a clone: helpers without an install
-README = ROOT / "README.md"
-RECORDS = ROOT / "data" / "gpu-tier"
+from helpers.paths import GPU_TIER_DIR, REPO_ROOT  # noqa: E402
+
+README = REPO_ROOT / "README.md"
 START, END = "<!-- results:start (tools/render_results.py) -->", "<!-- results:end -->"
 ROUTE_LABELS = {
     "ple-gpu": "`load_model(ple=\"gpu\")`: `device_map={\"\": 0}`",
@@ -111,12 +112,12 @@ def _peak_at(record, context):
 
 
 def render_benchmark() -> str:
-    from helpers import bench, memory
+    from helpers import bench, cards, planner, records
 
-    records = bench.latest_records()
-    if not records:
+    latest = records.latest_records()
+    if not latest:
         return "_No benchmark records yet: run `make bench PRESET=memory` (and cards, speed) on a GPU._"
-    any_record = records[0]
+    any_record = latest[0]
     v = any_record["versions"]
     lines = [f"**Benchmark** (`make bench`, records in `data/measurements/`) on {any_record['gpu']}, torch {v['torch']}, "
              f"transformers {v['transformers']}, bitsandbytes {v['bitsandbytes']}. Peak = `max_memory_allocated` "
@@ -125,7 +126,7 @@ def render_benchmark() -> str:
              "| greedy tokens, GPU vs CPU |", "|---|---|---|---|---|---|"]
     for model in bench.MODELS:
         for quant in ("bf16", "int8", "nf4"):
-            pair = {r["configuration"]["ple"]: r for r in records if r.get("preset") == "memory"
+            pair = {r["configuration"]["ple"]: r for r in latest if r.get("preset") == "memory"
                     and r["configuration"]["model"] == model and r["configuration"]["quant"] == quant}
             if set(pair) != {"gpu", "cpu"}:
                 continue
@@ -134,42 +135,45 @@ def render_benchmark() -> str:
             lines.append(f"| {model} | {quant} | {gb(gpu['resident_bytes'])} / {gb(cpu['resident_bytes'])} | "
                          f"{_peak_at(gpu, 8500)} / {_peak_at(cpu, 8500)} | {_peak_at(gpu, 32768)} / {_peak_at(cpu, 32768)} | "
                          f"{same} ({gpu.get('greedy_token_count')} tokens) |")
-    memory_command = next((r["command"] for r in records if r.get("preset") == "memory"), "")
+    memory_command = next((r["command"] for r in latest if r.get("preset") == "memory"), "")
     lines += ["", f"Recorded by `{memory_command}`.", ""]
 
-    cards = [r for r in records if r.get("preset") == "cards"]
-    if cards:
-        calibration = memory.load_calibration()
+    card_records = [r for r in latest if r.get("preset") == "cards"]
+    if card_records:
+        calibration = planner.load_calibration()
         lines += ["Largest context that prefills and decodes 8 tokens on a simulated card (the process capped with "
                   "`torch.cuda.set_per_process_memory_fraction`; bisection to 512 tokens), NF4, and what the planner "
-                  "(`helpers.memory.fits`) expects, with the typical allocator margin, and promises to be safe, with the "
+                  "(`helpers.planner.fits`) expects, with the typical allocator margin, and promises to be safe, with the "
                   "largest margin any card needed:", "",
                   "| model | card | PLE on GPU: measured / expected / safe | PLE on CPU: measured / expected / safe |",
                   "|---|---|---|---|"]
         for model in bench.MODELS:
-            for card in bench.CARDS_GB:
+            for card in cards.SIMULATED_CARDS_GB:
                 cells = []
                 for ple in ("gpu", "cpu"):
-                    record = next((r for r in cards if r["configuration"]["model"] == model
+                    record = next((r for r in card_records if r["configuration"]["model"] == model
                                    and r["configuration"]["card_gb"] == card and r["configuration"]["ple"] == ple), None)
                     if record is None:
                         cells.append("")
                         continue
-                    verdict = memory.fits(model, card, "nf4", ple, calibration=calibration)
+                    verdict = planner.fits(model, card, "nf4", ple, calibration=calibration)
                     predicted = (f"{verdict.max_context:,} / {verdict.safe_context:,}" if verdict.loads
                                  else "does not load")
                     measured = f"{record['max_context']:,}" if record.get("max_context") else (
                         "does not load" if record.get("load_oom") else "none")
                     cells.append(f"{measured} / {predicted}")
                 lines.append(f"| {model} | {card} GB | {cells[0]} | {cells[1]} |")
-        cards_command = cards[0]["command"]
+        cards_command = card_records[0]["command"]
         lines += ["", f"Recorded by `{cards_command}`.", ""]
 
-    speed = [r for r in records if r.get("preset") == "speed"]
+    speed = [r for r in latest if r.get("preset") == "speed"]
     if speed:
         lines += ["Speed, NF4, one process at a time (decode: median of 3 runs of 32 tokens after a warm-up):", "",
                   "| model | route | decode tokens/s | prefill tokens/s at 512 / 4,096 |", "|---|---|---|---|"]
-        for record in sorted(speed, key=lambda r: (r["configuration"]["model"], r["configuration"].get("route", ""), r["configuration"]["ple"])):
+        def speed_order(r):
+            return r["configuration"]["model"], r["configuration"].get("route", ""), r["configuration"]["ple"]
+
+        for record in sorted(speed, key=speed_order):
             c = record["configuration"]
             route = c.get("route") or f"PLE on {c['ple']}"
             rates = " / ".join(f"{p['tokens_per_s']:,.0f}" for p in record.get("prefill", []) if p.get("tokens_per_s"))
@@ -178,22 +182,22 @@ def render_benchmark() -> str:
                   + "; ".join(f"{c.model}: decode {c.ratios.get('decode_speed')}, resident {c.ratios.get('resident')}, "
                               f"greedy identical: {c.greedy_match}" for c in bench.compare(speed)) + ".", ""]
 
-    nf4 = {r["configuration"]["ple"]: r for r in records if r.get("preset") == "memory"
+    nf4 = {r["configuration"]["ple"]: r for r in latest if r.get("preset") == "memory"
            and r["configuration"]["model"] == "e4b-shape" and r["configuration"]["quant"] == "nf4"}
     if set(nf4) == {"gpu", "cpu"}:
-        planned = {ple: memory.predict("e4b-shape", "nf4", ple, 8500, keep_bf16=memory.SEED_KEEP_BF16) for ple in ("gpu", "cpu")}
-        plain_forward = {ple: memory.predict("e4b-shape", "nf4", ple, 8500, keep_bf16=memory.SEED_KEEP_BF16, all_logits=True)
+        planned = {ple: planner.predict("e4b-shape", "nf4", ple, 8500, keep_bf16=planner.SEED_KEEP_BF16) for ple in ("gpu", "cpu")}
+        plain_forward = {ple: planner.predict("e4b-shape", "nf4", ple, 8500, keep_bf16=planner.SEED_KEEP_BF16, all_logits=True)
                          for ple in ("gpu", "cpu")}
         lines += ["**The seed issue beside ours** (E4B, NF4, GB):", "",
                   "| | seed: RTX A5000 16 GB, PLE path + towers in bf16 | ours measured: plain NF4 | planner: seed's bf16 modules "
                   "| planner: same, prefill as a plain forward (all logits) |", "|---|---|---|---|---|"]
         for ple in ("gpu", "cpu"):
-            seed = memory.SEED_ISSUE[ple]
+            seed = planner.SEED_ISSUE[ple]
             lines.append(f"| PLE on {ple.upper()}, resident | {seed['resident_gb']} | {gb(nf4[ple]['resident_bytes'])} | "
                          f"{gb(planned[ple].resident_bytes)} | |")
             lines.append(f"| PLE on {ple.upper()}, peak 8,500-token prefill | {seed['peak_8500']} | {_peak_at(nf4[ple], 8500)} | "
                          f"{gb(planned[ple].peak_bytes)} | {gb(plain_forward[ple].peak_bytes)} |")
-        lines += ["", "The resident gap is the modules the seed kept in bf16 (`" + "`, `".join(memory.SEED_KEEP_BF16) + "`): "
+        lines += ["", "The resident gap is the modules the seed kept in bf16 (`" + "`, `".join(planner.SEED_KEEP_BF16) + "`): "
                   "with them the planner lands near the seed's figures. Our prefill runs through `generate`, which "
                   "computes logits for the last position only; the seed's 8.5k peak is closer to a forward that keeps "
                   "logits for every position (262,144 per token). That is an inference from the numbers: the seed "
@@ -210,7 +214,7 @@ def render_gpu_run(run: dict) -> str:
 
 def render() -> str:
     blocks = [render_benchmark()]
-    for path in sorted(RECORDS.glob("*.json")):
+    for path in sorted(GPU_TIER_DIR.glob("*.json")):
         if path.stem.startswith("notebooks-"):
             blocks.append(render_notebooks(json.loads(path.read_text())))
         elif path.stem == "make-test-gpu":

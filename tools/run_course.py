@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-BUILD = Path(__file__).resolve().parents[1] / "build"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
+from helpers.paths import BUILD_DIR as BUILD  # noqa: E402
 
 
 def run(notebook: Path, save_outputs: bool = False) -> tuple[str, float, str]:

@@ -7,11 +7,12 @@ are clean. With ``GPU_RECORD=1`` the records are written to ``data/gpu-tier/``.
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+
+from helpers.bench import Configuration
+from helpers.paths import GPU_TIER_DIR
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -19,14 +20,13 @@ MODEL = os.environ.get("GEMMA_GPU_MODEL", "e4b-shape")
 QUANT = "nf4"
 NEW_TOKENS = 256
 PREFILL = int(os.environ.get("GEMMA_GPU_PREFILL", "8500"))
-ROUTE_ARGS = {
-    "ple-gpu": ["--context", str(PREFILL)],
-    "ple-cpu": ["--context", str(PREFILL)],
-    "post-load": ["--context", str(PREFILL)],
-    "cpu-entry": ["--context", "512", "--new-tokens", "4"],
-    "no-flag": ["--new-tokens", "0"],
+ROUTES = {  # the benchmark's own command builder, so the tier measures exactly what bench does
+    "ple-gpu": Configuration(MODEL, QUANT, "gpu", contexts=(PREFILL,), new_tokens=NEW_TOKENS),
+    "ple-cpu": Configuration(MODEL, QUANT, "cpu", contexts=(PREFILL,), new_tokens=NEW_TOKENS),
+    "post-load": Configuration(MODEL, QUANT, "cpu", contexts=(PREFILL,), new_tokens=NEW_TOKENS, route="post-load"),
+    "cpu-entry": Configuration(MODEL, QUANT, "cpu", contexts=(512,), new_tokens=4, route="cpu-entry"),
+    "no-flag": Configuration(MODEL, QUANT, "cpu", new_tokens=0, route="no-flag"),
 }
-RECORD_DIR = Path(__file__).resolve().parents[2] / "data" / "gpu-tier"
 
 
 @pytest.fixture(scope="session")
@@ -41,11 +41,9 @@ def routes(tmp_path_factory):
         synthetic.build(MODEL)  # here, with its progress bar; the five processes would wait on its lock in silence
     out = tmp_path_factory.mktemp("routes")
     running = {}
-    for route, extra in ROUTE_ARGS.items():
+    for route, configuration in ROUTES.items():
         target = out / f"{route}.json"
-        cmd = [sys.executable, "-m", "helpers.measure", "--model", MODEL, "--quant", QUANT, "--route", route,
-               "--new-tokens", str(NEW_TOKENS), *extra, "--json", str(target)]
-        running[route] = (subprocess.Popen(cmd), target)
+        running[route] = (subprocess.Popen(configuration.command(target)), target)
     cache: dict = {}
     for route, (process, target) in running.items():
         try:
@@ -62,11 +60,11 @@ def routes(tmp_path_factory):
 
     yield run
     if os.environ.get("GPU_RECORD") == "1":
-        RECORD_DIR.mkdir(parents=True, exist_ok=True)
+        GPU_TIER_DIR.mkdir(parents=True, exist_ok=True)
         for record in filter(None, cache.values()):
             if "greedy_tokens" in record:
                 record["greedy_tokens_first_16"] = record.pop("greedy_tokens")[:16]
-        (RECORD_DIR / f"{MODEL}-{QUANT}.json").write_text(json.dumps(cache, indent=1, sort_keys=True))
+        (GPU_TIER_DIR / f"{MODEL}-{QUANT}.json").write_text(json.dumps(cache, indent=1, sort_keys=True))
 
 
 def ple_table_bytes(record):

@@ -1,25 +1,25 @@
 """Weight-size estimates from the meta device, checked against real loads and the GPU record."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-from helpers import loading, memory, placement, synthetic
+from helpers import loading, placement, synthetic, weights
+from helpers.paths import GPU_TIER_DIR
 
-GPU_RECORD = Path(__file__).resolve().parents[1] / "data" / "gpu-tier" / "e4b-shape-nf4.json"
+GPU_RECORD = GPU_TIER_DIR / "e4b-shape-nf4.json"
 
 
 def test_bf16_estimate_equals_the_bytes_of_a_real_tiny_load(tiny_path):
     model = loading.load_model("tiny", quant="bf16", ple="gpu", device="cpu")
     actual = sum(placement.report(model).bytes_by_device().values())
-    estimate = memory.weight_bytes(memory.meta_model(model.config), "bf16", "gpu")
+    estimate = weights.weight_bytes(weights.meta_model(model.config), "bf16", "gpu")
     assert estimate.gpu_bytes == actual
 
 
 def test_ple_cpu_moves_exactly_the_table_out_of_the_gpu_estimate():
-    meta = memory.meta_model(synthetic.gemma4_config("e4b-shape"))
-    on_gpu, on_cpu = memory.weight_bytes(meta, "nf4", "gpu"), memory.weight_bytes(meta, "nf4", "cpu")
+    meta = weights.meta_model(synthetic.gemma4_config("e4b-shape"))
+    on_gpu, on_cpu = weights.weight_bytes(meta, "nf4", "gpu"), weights.weight_bytes(meta, "nf4", "cpu")
     table = 262144 * 42 * 256 * 2
     assert table <= on_cpu.cpu_bytes < table + 16  # the table and its scalar scale
     assert on_gpu.gpu_bytes - on_cpu.gpu_bytes == on_cpu.cpu_bytes
@@ -29,6 +29,6 @@ def test_ple_cpu_moves_exactly_the_table_out_of_the_gpu_estimate():
 @pytest.mark.parametrize("route, ple", [("ple-gpu", "gpu"), ("ple-cpu", "cpu")])
 def test_nf4_estimate_agrees_with_the_recorded_h200_measurement_within_2_percent(route, ple):
     record = json.loads(GPU_RECORD.read_text())[route]
-    meta = memory.meta_model(synthetic.gemma4_config(record["model"]))
-    estimate = memory.weight_bytes(meta, record["quant"], ple)
+    meta = weights.meta_model(synthetic.gemma4_config(record["model"]))
+    estimate = weights.weight_bytes(meta, record["quant"], ple)
     assert abs(estimate.gpu_bytes - record["resident_bytes"]) / record["resident_bytes"] < 0.02

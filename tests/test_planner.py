@@ -1,15 +1,15 @@
-"""The planner (helpers.memory.predict / fits) against the benchmark's recorded H200 measurements.
+"""The planner (helpers.planner.predict / fits) against the benchmark's recorded H200 measurements.
 
 The records come from `make bench PRESET=memory|cards` (data/measurements/); the activation
-profiles from `python -m helpers.memory calibrate`. These tests read both; none needs a GPU."""
+profiles from `python -m helpers.planner calibrate`. These tests read both; none needs a GPU."""
 
 import pytest
 
-from helpers import bench, memory
-from helpers.errors import CourseError
+from helpers import models, planner, records
+from helpers.errors import InvalidChoiceError
 
-RECORDS = bench.latest_records()
-CALIBRATION = memory.load_calibration()
+RECORDS = records.latest_records()
+CALIBRATION = planner.load_calibration()
 LOADED = [r for r in RECORDS if r.get("resident_bytes") is not None and not r["configuration"].get("route")]
 PREFILLS = [(r, p) for r in LOADED for p in r.get("prefill", []) if "peak_bytes" in p]
 CARDS = [r for r in RECORDS if r.get("preset") == "cards" and r.get("max_context")]
@@ -29,7 +29,7 @@ def test_the_recorded_grid_covers_both_models_three_quantizations_and_both_place
 
 def test_the_calibration_file_is_exactly_what_the_records_give():
     # no activation figure is typed by hand: rerunning the calibration reproduces the file
-    recomputed = memory.calibrate(RECORDS)
+    recomputed = planner.calibrate(RECORDS)
     assert recomputed["architectures"] == CALIBRATION["architectures"]
     assert recomputed["allocator_reserve"] == CALIBRATION["allocator_reserve"]
     assert recomputed["allocator_reserve_worst"] == CALIBRATION["allocator_reserve_worst"]
@@ -38,21 +38,21 @@ def test_the_calibration_file_is_exactly_what_the_records_give():
 @pytest.mark.parametrize("record", LOADED, ids=label)
 def test_predicted_resident_memory_is_within_5_percent_of_what_loading_allocated(record):
     c = record["configuration"]
-    estimate = memory.predict(c["model"], c["quant"], c["ple"], 512, calibration=CALIBRATION)
+    estimate = planner.predict(c["model"], c["quant"], c["ple"], 512, calibration=CALIBRATION)
     assert estimate.resident_bytes == pytest.approx(record["resident_bytes"], rel=0.05)
 
 
 @pytest.mark.parametrize("record,point", PREFILLS, ids=lambda x: "" if isinstance(x, dict) and "context" in x else label(x))
 def test_predicted_prefill_peak_is_within_10_percent_across_the_measured_grid(record, point):
     c = record["configuration"]
-    estimate = memory.predict(c["model"], c["quant"], c["ple"], point["context"], calibration=CALIBRATION)
+    estimate = planner.predict(c["model"], c["quant"], c["ple"], point["context"], calibration=CALIBRATION)
     assert estimate.peak_bytes == pytest.approx(point["peak_bytes"], rel=0.10), str(estimate)
 
 
 @pytest.mark.parametrize("record", CARDS, ids=label)
 def test_the_safe_context_never_promises_more_than_a_simulated_card_reached(record):
     c = record["configuration"]
-    verdict = memory.fits(c["model"], c["card_gb"], c["quant"], c["ple"], calibration=CALIBRATION)
+    verdict = planner.fits(c["model"], c["card_gb"], c["quant"], c["ple"], calibration=CALIBRATION)
     assert verdict.loads
     assert verdict.safe_context <= record["max_context"] + 512  # the bisection's resolution
     assert verdict.safe_context >= 0.75 * record["max_context"]  # and is not uselessly cautious
@@ -64,7 +64,7 @@ def test_the_expected_largest_context_is_within_12_percent_of_the_bisected_one_o
     # can add several times the tokens the smooth profile predicts) and it moves between runs;
     # safe_context is the figure to act on
     c = record["configuration"]
-    verdict = memory.fits(c["model"], c["card_gb"], c["quant"], c["ple"], calibration=CALIBRATION)
+    verdict = planner.fits(c["model"], c["card_gb"], c["quant"], c["ple"], calibration=CALIBRATION)
     assert verdict.max_context == pytest.approx(record["max_context"], rel=0.12)
 
 
@@ -73,65 +73,65 @@ def test_a_model_the_card_refused_to_load_is_predicted_not_to_load():
     assert refused, "the 8 GB card with E4B's PLE on the GPU should be among the records"
     for record in refused:
         c = record["configuration"]
-        assert not memory.fits(c["model"], c["card_gb"], c["quant"], c["ple"], calibration=CALIBRATION).loads
+        assert not planner.fits(c["model"], c["card_gb"], c["quant"], c["ple"], calibration=CALIBRATION).loads
 
 
 @pytest.mark.parametrize("ple", ["gpu", "cpu"])
 def test_the_seed_issue_setup_nf4_with_the_ple_path_and_towers_in_bf16_is_reproduced(ple):
-    seed_gb = memory.SEED_ISSUE[ple]["resident_gb"]
-    estimate = memory.predict("e4b-shape", "nf4", ple, 8500, keep_bf16=memory.SEED_KEEP_BF16, calibration=CALIBRATION)
-    plain = memory.predict("e4b-shape", "nf4", ple, 8500, calibration=CALIBRATION)
+    seed_gb = planner.SEED_ISSUE[ple]["resident_gb"]
+    estimate = planner.predict("e4b-shape", "nf4", ple, 8500, keep_bf16=planner.SEED_KEEP_BF16, calibration=CALIBRATION)
+    plain = planner.predict("e4b-shape", "nf4", ple, 8500, calibration=CALIBRATION)
     assert estimate.resident_bytes / 1e9 == pytest.approx(seed_gb, rel=0.05)
     assert estimate.resident_bytes > plain.resident_bytes  # keeping modules in bf16 costs memory
 
 
 def test_kv_cache_grows_only_through_full_attention_layers_once_past_the_sliding_window():
-    config = memory.resolve_config("e4b-shape")
-    values = memory.config_values(config)
+    config = models.load_config("e4b-shape")
+    values = planner.config_values(config)
     window = values["sliding_window"]
     owners = values["layer_types"][: len(values["layer_types"]) - values["num_kv_shared_layers"]]
     full = sum(kind == "full_attention" for kind in owners)
     assert 0 < full < len(owners)
-    growth = memory.kv_cache_bytes(config, 4 * window + 1000) - memory.kv_cache_bytes(config, 4 * window)
+    growth = planner.kv_cache_bytes(config, 4 * window + 1000) - planner.kv_cache_bytes(config, 4 * window)
     per_full_layer = growth / 1000 / full
     assert per_full_layer == 2 * 2 * 512 * 2  # k and v, 2 kv heads, global head width 512, bf16
-    assert memory.kv_cache_bytes(config, window) > memory.kv_cache_bytes(config, window // 2)
+    assert planner.kv_cache_bytes(config, window) > planner.kv_cache_bytes(config, window // 2)
 
 
 def test_accelerates_estimate_assumes_every_weight_is_4_bit_and_undercounts_nf4():
-    ours = memory.predict("e4b-shape", "nf4", "gpu", 512, calibration=CALIBRATION).resident_bytes
-    accelerate = memory.accelerate_estimate("e4b-shape", "nf4")
+    ours = planner.predict("e4b-shape", "nf4", "gpu", 512, calibration=CALIBRATION).resident_bytes
+    accelerate = planner.accelerate_estimate("e4b-shape", "nf4")
     assert accelerate < 0.5 * ours  # the PLE table and embeddings stay bf16 under bitsandbytes
-    assert memory.accelerate_estimate("e4b-shape", "bf16") == pytest.approx(
-        memory.predict("e4b-shape", "bf16", "gpu", 512, calibration=CALIBRATION).resident_bytes, rel=0.01)
+    assert planner.accelerate_estimate("e4b-shape", "bf16") == pytest.approx(
+        planner.predict("e4b-shape", "bf16", "gpu", 512, calibration=CALIBRATION).resident_bytes, rel=0.01)
 
 
 def test_all_logits_adds_a_vocabulary_wide_row_per_prompt_token():
-    short = memory.predict("e4b-shape", "nf4", "cpu", 8500, calibration=CALIBRATION)
-    plain_forward = memory.predict("e4b-shape", "nf4", "cpu", 8500, all_logits=True, calibration=CALIBRATION)
+    short = planner.predict("e4b-shape", "nf4", "cpu", 8500, calibration=CALIBRATION)
+    plain_forward = planner.predict("e4b-shape", "nf4", "cpu", 8500, all_logits=True, calibration=CALIBRATION)
     assert plain_forward.peak_bytes - short.peak_bytes == 8500 * 262144 * 2
 
 
 def test_an_architecture_never_measured_borrows_a_scaled_profile_and_says_so(tiny_path):
-    estimate = memory.predict(str(tiny_path), "nf4", "cpu", 1024, calibration=CALIBRATION)
+    estimate = planner.predict(str(tiny_path), "nf4", "cpu", 1024, calibration=CALIBRATION)
     assert "scaled" in estimate.activations_from
     assert 0 < estimate.peak_bytes - estimate.resident_bytes
 
 
 def test_bad_quantization_or_placement_names_the_choices():
-    with pytest.raises(CourseError, match="nf4"):
-        memory.predict("e4b-shape", "q4", "cpu")
-    with pytest.raises(CourseError, match="'gpu' or 'cpu'"):
-        memory.predict("e4b-shape", "nf4", "disk")
+    with pytest.raises(InvalidChoiceError, match="'nf4'"):
+        planner.predict("e4b-shape", "q4", "cpu")
+    with pytest.raises(InvalidChoiceError, match="'gpu', 'cpu'"):
+        planner.predict("e4b-shape", "nf4", "disk")
 
 
 def test_a_missing_calibration_names_the_commands_that_make_it(tmp_path):
-    with pytest.raises(FileNotFoundError, match="helpers.memory calibrate"):
-        memory.load_calibration(tmp_path / "none.json")
+    with pytest.raises(FileNotFoundError, match="helpers.planner calibrate"):
+        planner.load_calibration(tmp_path / "none.json")
 
 
 def test_agreement_rows_cover_every_recorded_load_prefill_and_card():
-    rows = memory.agreement(RECORDS, CALIBRATION)
+    rows = planner.agreement(RECORDS, CALIBRATION)
     assert len(rows) == len(LOADED) + len(PREFILLS) + 2 * len(CARDS)  # each card: expected and safe
     assert max(abs(error) for what, _, _, error in rows if "resident" in what) < 0.05
     assert max(abs(error) for what, _, _, error in rows if "peak" in what) < 0.10

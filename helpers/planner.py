@@ -1,120 +1,38 @@
-"""How many bytes the weights take on the GPU, before anything is loaded.
+"""The memory planner: resident and peak GPU memory for a config, a quantization, a PLE placement
+and a context length, before anything is loaded; and whether that fits a learner's card.
 
-Sizes come from a model built on the ``meta`` device (no memory for weights) and
-accelerate's own ``compute_module_sizes``; quantized linear layers are then counted at
-their packed size.
+  weights      counted from the meta model (``helpers.weights``): exact, no measurement needed
+  KV cache     counted from the config: only the layers that own a cache (the last
+               num_kv_shared_layers reuse earlier ones), sliding layers capped at the window
+  activations  what a prefill holds beside weights and cache. Not derivable from the config to
+               10% (kernels, masks and temporaries decide it), so it is measured: the benchmark's
+               memory grid fits  c0 + a*n + b*n^2  per architecture and quantization
+               (python -m helpers.planner calibrate  ->  data/planner/activations.json)
+  logits       generate() keeps the last position only (inside c0); a plain forward over the whole
+               prompt keeps n x vocab of them, which predict(all_logits=True) adds
+
+    python -m helpers.planner predict google/gemma-4-E4B-it
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from .cards import CARDS
+from .errors import require_choice
+from .models import load_config
+from .paths import PLANNER_DIR
+from .placement import PLACEMENTS
+from .quantization import QUANTS
+from .records import latest_records
+from .weights import GPU_HEADROOM_BYTES, WeightEstimate, meta_model, weight_bytes
 
-from .placement import PLE_SUFFIX, part_of, unique_tensors
+CALIBRATION = PLANNER_DIR / "activations.json"
 
-# bytes per weight element, including bitsandbytes' per-block statistics
-# (4-bit: one fp32 absmax per 64 weights; 8-bit: one fp32 scale per output row, ignored)
-QUANT_BYTES_PER_WEIGHT = {"bf16": 2.0, "nf4": 0.5 + 4 / 64, "fp4": 0.5 + 4 / 64, "int8": 1.0}
-# double quantization: 8-bit absmax per 64 weights, plus one fp32 scale per 256 of those blocks
-DOUBLE_QUANT_BYTES_PER_WEIGHT = 0.5 + 1 / 64 + 4 / (64 * 256)
-COURSE_PARTS = {  # coarse parts for charts, by the last component of placement.part_of()
-    "embed_tokens_per_layer": "PLE table",
-    "embed_tokens": "embeddings (tied lm_head)",
-    "layers": "decoder layers",
-    "vision_tower": "vision tower",
-    "audio_tower": "audio tower",
-}
-NOT_QUANTIZED_BY_DEFAULT = ("lm_head",)
-
-
-@dataclass
-class WeightEstimate:
-    gpu_bytes: int
-    cpu_bytes: int
-    by_part: dict = field(default_factory=dict)  # part -> bytes on the GPU
-
-    def __str__(self) -> str:
-        return f"weights: {self.gpu_bytes / 1e9:.2f} GB on GPU, {self.cpu_bytes / 1e9:.2f} GB on CPU"
-
-    def by_course_part(self) -> dict:
-        """GPU bytes grouped into the parts the course talks about (PLE, decoder layers, towers, ...)."""
-        grouped: dict = {}
-        for part, size in self.by_part.items():
-            grouped[course_part(part)] = grouped.get(course_part(part), 0) + size
-        return grouped
-
-
-def meta_model(config):
-    """The model for ``config`` on the meta device: names and shapes, no memory."""
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
-    with init_empty_weights(include_buffers=False):
-        model = auto.from_config(config, dtype=torch.bfloat16)  # buffers such as inv_freq stay float32, as when loaded
-    model.tie_weights()  # on meta, from_config leaves lm_head untied; the checkpoint shares it
-    return model
-
-
-def _is_quantized_linear_weight(module_name: str, module, tensor_name: str, skip: tuple) -> bool:
-    if tensor_name != "weight" or not isinstance(module, torch.nn.Linear):
-        return False
-    return not any(module_name == s or module_name.endswith("." + s) or module_name.startswith(s) for s in skip)
-
-
-def course_part(part: str) -> str:
-    return COURSE_PARTS.get(part.split(".")[-1], "other")
-
-
-def weight_bytes(model, quant: str = "nf4", ple: str = "cpu", keep_bf16=(), double_quant: bool = False) -> WeightEstimate:
-    """Predict the GPU and CPU bytes of the weights for a quantization and PLE placement."""
-    from accelerate.utils import compute_module_sizes
-
-    per_element = QUANT_BYTES_PER_WEIGHT[quant]
-    if double_quant and quant in ("nf4", "fp4"):
-        per_element = DOUBLE_QUANT_BYTES_PER_WEIGHT
-    skip = tuple(NOT_QUANTIZED_BY_DEFAULT) + tuple(keep_bf16)
-    sizes = compute_module_sizes(model)
-    gpu = cpu = 0
-    by_part: dict = {}
-    for module_name, module, tensor_name, tensor in unique_tensors(model):
-        full = f"{module_name}.{tensor_name}" if module_name else tensor_name
-        size = sizes[full]
-        if quant != "bf16" and _is_quantized_linear_weight(module_name, module, tensor_name, skip):
-            size = int(tensor.numel() * per_element)
-        if ple == "cpu" and module_name.split(".")[-1] == PLE_SUFFIX:
-            cpu += size
-            continue
-        gpu += size
-        part = part_of(full)
-        by_part[part] = by_part.get(part, 0) + size
-    return WeightEstimate(gpu_bytes=gpu, cpu_bytes=cpu, by_part=by_part)
-
-
-# ---------------------------------------------------------------------------------------------
-# The planner: resident and peak GPU memory for a config, a quantization, a PLE placement and a
-# context length, before anything is loaded.
-#
-#   weights      counted from the meta model (weight_bytes above): exact, no measurement needed
-#   KV cache     counted from the config: only the layers that own a cache (the last
-#                num_kv_shared_layers reuse earlier ones), sliding layers capped at the window
-#   activations  what a prefill holds beside weights and cache. Not derivable from the config to
-#                10% (kernels, masks and temporaries decide it), so it is measured: the benchmark's
-#                memory grid fits  c0 + a*n + b*n^2  per architecture and quantization
-#                (python -m helpers.memory calibrate  ->  data/planner/activations.json)
-#   logits       generate() keeps the last position only (inside c0); a plain forward over the whole
-#                prompt keeps n x vocab of them, which predict(all_logits=True) adds
-# ---------------------------------------------------------------------------------------------
-
-import functools  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-
-from .paths import DATA_DIR  # noqa: E402
-
-CALIBRATION = DATA_DIR / "planner" / "activations.json"
 # (not head_dim: transformers 5.2x saves per-layer head widths differently from 5.5-5.1x)
 ARCHITECTURE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "hidden_size_per_layer_input", "vocab_size")
@@ -126,24 +44,10 @@ SEED_ISSUE = {"gpu": {"resident_gb": 10.11, "peak_8500": "OOM at 15.5 GB"}, "cpu
 # the towers by full prefix: a bare "vision_tower" matches nothing (transformers' should_convert_module)
 SEED_KEEP_BF16 = ("per_layer_model_projection", "per_layer_input_gate", "per_layer_projection",
                   "model.vision_tower", "model.audio_tower")
-CARDS = {"RTX 4060 (8 GB)": 8, "12 GB": 12, "Colab T4 (15 GB)": 15, "16 GB laptop": 16, "24 GB": 24}
 
 
 def text_config_of(config):
     return getattr(config, "text_config", None) or config
-
-
-def resolve_config(config):
-    """A config object, a synthetic name ("e4b-shape"), a checkpoint folder or a hub id."""
-    if not isinstance(config, (str, bytes)) and not hasattr(config, "__fspath__"):
-        return config
-    from . import synthetic
-
-    if str(config) in synthetic.SHAPES:
-        return synthetic.gemma4_config(str(config))
-    from .loading import load_config
-
-    return load_config(config)
 
 
 def config_values(config) -> dict:
@@ -190,7 +94,7 @@ def logits_bytes(config, positions: int, bytes_per_value: int = 2) -> int:
 def load_calibration(path=CALIBRATION) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"No planner calibration at {path}: run `python -m helpers.memory calibrate` "
+        raise FileNotFoundError(f"No planner calibration at {path}: run `python -m helpers.planner calibrate` "
                                 "after `make bench PRESET=memory` on a GPU.")
     return json.loads(path.read_text())
 
@@ -259,14 +163,10 @@ def predict(config, quant: str = "nf4", ple: str = "cpu", context: int = 8500, k
     ``keep_bf16``: module names bitsandbytes should leave unquantized (as ``llm_int8_skip_modules``).
     ``all_logits``: the prefill is a plain forward that keeps logits for every position
     (``generate`` keeps only the last one)."""
-    from .errors import CourseError
-
-    if quant not in QUANT_BYTES_PER_WEIGHT:
-        raise CourseError(f"quant={quant!r} is not one of {sorted(QUANT_BYTES_PER_WEIGHT)}.")
-    if ple not in ("gpu", "cpu"):
-        raise CourseError(f"ple={ple!r}: use 'gpu' or 'cpu'.")
+    require_choice(quant, QUANTS, "quant")
+    require_choice(ple, PLACEMENTS, "ple")
     label = config if isinstance(config, str) else None
-    config = resolve_config(config)
+    config = load_config(config)
     if label is not None:  # names are stable: build each meta model once per process
         weights = _named_weight_bytes(label, quant, ple, tuple(keep_bf16), double_quant)
     else:
@@ -286,7 +186,21 @@ def predict(config, quant: str = "nf4", ple: str = "cpu", context: int = 8500, k
 
 @functools.lru_cache(maxsize=64)
 def _named_weight_bytes(name: str, quant: str, ple: str, keep_bf16: tuple, double_quant: bool) -> WeightEstimate:
-    return weight_bytes(meta_model(resolve_config(name)), quant=quant, ple=ple, keep_bf16=keep_bf16, double_quant=double_quant)
+    return weight_bytes(meta_model(load_config(name)), quant=quant, ple=ple, keep_bf16=keep_bf16, double_quant=double_quant)
+
+
+def largest_true(low: int, high: int, predicate, resolution: int = 512):
+    """The largest value in [low, high] (to ``resolution``) where a monotone ``predicate`` holds;
+    None if it fails already at ``low``. The benchmark bisects real prefills with it; the planner
+    its own prediction."""
+    if not predicate(low):
+        return None
+    if predicate(high):
+        return high
+    while high - low > resolution:
+        middle = (low + high) // 2
+        low, high = (middle, high) if predicate(middle) else (low, middle)
+    return low
 
 
 @dataclass
@@ -316,12 +230,9 @@ def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: 
     fractions (``allocator_reserve``), ``safe_context`` and ``fits`` the largest
     (``allocator_reserve_worst``): under a cap the reachable context is step-like, and a promise
     a card cannot keep costs an out-of-memory error, not a few tokens."""
-    from .loading import GPU_HEADROOM_BYTES
-    from .measure import largest_true
-
     calibration = calibration or load_calibration()
     estimate = predict(config, quant, ple, context, keep_bf16, calibration=calibration)  # a name keeps its cache
-    config = resolve_config(config)
+    config = load_config(config)
     card = card_gb * 1e9
     loads = estimate.resident_bytes + GPU_HEADROOM_BYTES <= card
     if not loads:
@@ -340,6 +251,16 @@ def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: 
                        safe_context=largest(worst))
 
 
+def predicted_peak(model: str, quant: str, ple: str, context: int) -> int:
+    """The planner's peak bytes for one prefill (what notebook 06 draws beside a measured curve)."""
+    return predict(model, quant, ple, context).peak_bytes
+
+
+def expected_largest_context(model: str, quant: str, ple: str, card_gb: float) -> int | None:
+    """The planner's expected largest context on a card (what notebook 06 draws beside a measured bar)."""
+    return fits(model, card_gb, quant, ple).max_context
+
+
 def card_table(config, quant: str = "nf4", context: int = 8500, keep_bf16=(), cards: dict = CARDS) -> list:
     """Rows of (card, placement, verdict) for the course's cards and both PLE placements."""
     calibration = load_calibration()
@@ -353,7 +274,7 @@ def accelerate_estimate(config, quant: str = "nf4") -> int:
     bitsandbytes quantizes linear layers only, so embeddings and the PLE table stay in bf16."""
     from accelerate.utils import calculate_maximum_sizes
 
-    total_bf16, _ = calculate_maximum_sizes(meta_model(resolve_config(config)))
+    total_bf16, _ = calculate_maximum_sizes(meta_model(load_config(config)))
     divisor = {"bf16": 2, "int8": 4, "nf4": 8, "fp4": 8}[quant]
     return int(total_bf16 * 2 / divisor)
 
@@ -402,7 +323,7 @@ def calibrate(records: list) -> dict:
         config_of = record["configuration"]
         if record.get("preset") != "memory" or config_of["ple"] != "cpu" or record.get("resident_bytes") is None:
             continue
-        config = configs.setdefault(config_of["model"], resolve_config(config_of["model"]))
+        config = configs.setdefault(config_of["model"], load_config(config_of["model"]))
         points = [p for p in record["prefill"] if "peak_bytes" in p]
         n = np.array([p["context"] for p in points], dtype=float)
         y = np.array([_transient(record, p, config) for p in points])
@@ -419,14 +340,14 @@ def calibrate(records: list) -> dict:
     for record in records:
         if record.get("preset") != "cards" or not record.get("max_context"):
             continue
-        config = configs.setdefault(record["configuration"]["model"], resolve_config(record["configuration"]["model"]))
+        config = configs.setdefault(record["configuration"]["model"], load_config(record["configuration"]["model"]))
         profile = activation_profile(config, record["configuration"]["quant"], calibration)
         n = record["max_context"]
         transient = profile.bytes(n) + kv_cache_bytes(config, n)
         reserves.append((record["configuration"]["card_gb"] * 1e9 - record["resident_bytes"] - transient) / transient)
     calibration["allocator_reserve"] = round(float(np.median(reserves)), 3) if reserves else 0.0
     calibration["allocator_reserve_worst"] = math.ceil(max(reserves) * 1000) / 1000 if reserves else 0.0  # up: safe
-    calibration["source"] = "python -m helpers.memory calibrate (from data/measurements/*.jsonl)"
+    calibration["source"] = "python -m helpers.planner calibrate (from data/measurements/*.jsonl)"
     return calibration
 
 
@@ -442,8 +363,6 @@ def main(argv=None) -> int:
     plan.add_argument("--context", type=int, default=8500)
     args = parser.parse_args(argv)
     if args.command == "calibrate":
-        from .bench import latest_records
-
         calibration = calibrate(latest_records())
         CALIBRATION.parent.mkdir(parents=True, exist_ok=True)
         CALIBRATION.write_text(json.dumps(calibration, indent=1, sort_keys=True) + "\n")

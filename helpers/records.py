@@ -1,0 +1,75 @@
+"""The recorded results: every reader of ``data/measurements`` (the benchmark) and ``data/gpu-tier``
+(the GPU tier), and the environment stamp every record carries. Reading them needs no GPU."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+from .paths import GPU_TIER_DIR, MEASUREMENTS_DIR
+
+
+def latest_records(directory: Path = MEASUREMENTS_DIR, preset: str | None = None) -> list:
+    """The newest benchmark record of each configuration (records accumulate; reruns supersede)."""
+    newest: dict = {}
+    for path in sorted(Path(directory).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if preset and record.get("preset") != preset:
+                continue
+            c = record["configuration"]
+            key = (record.get("preset"), c["model"], c["quant"], c["ple"], c.get("route", ""), c["card_gb"])
+            if key not in newest or record["recorded_at"] >= newest[key]["recorded_at"]:
+                newest[key] = record
+    return list(newest.values())
+
+
+def decode_speeds(model: str = "e4b-shape", quant: str = "nf4", directory: Path = MEASUREMENTS_DIR) -> dict:
+    """Decode tokens/s by route (``ple-gpu``, ``ple-cpu``, ``cpu-entry``) from the speed preset, the
+    only records timed one process at a time; the memory presets and the GPU tier run side by side."""
+    speeds = {}
+    for record in latest_records(directory, preset="speed"):
+        c = record["configuration"]
+        if c["model"] == model and c["quant"] == quant and record.get("decode_tokens_per_s") is not None:
+            speeds[c.get("route") or f"ple-{c['ple']}"] = record["decode_tokens_per_s"]
+    if not speeds:
+        raise FileNotFoundError(f"No speed records for {model} {quant} in {directory}: "
+                                "run `python -m helpers.bench speed` on a GPU.")
+    return speeds
+
+
+def gpu_tier(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU_TIER_DIR) -> dict:
+    """The GPU tier's records for a model and quantization, route -> record."""
+    path = Path(directory) / f"{model}-{quant}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"No recorded GPU measurements at {path}: run `GPU_RECORD=1 make test-gpu` on a GPU.")
+    return json.loads(path.read_text())
+
+
+def environment() -> dict:
+    """The GPU, its memory and the library versions of this machine: the stamp on every record."""
+    import accelerate
+    import torch
+    import transformers
+
+    try:
+        import bitsandbytes
+
+        bnb = bitsandbytes.__version__
+    except ImportError:
+        bnb = None
+    gpu = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": gpu.name,
+        "gpu_total_bytes": gpu.total_memory,
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "accelerate": accelerate.__version__,
+            "bitsandbytes": bnb,
+        },
+        "date": datetime.date.today().isoformat(),
+    }

@@ -1,0 +1,95 @@
+"""How many bytes the weights take on the GPU and the CPU, before anything is loaded.
+
+Sizes come from a model built on the ``meta`` device (no memory for weights) and
+accelerate's own ``compute_module_sizes``; quantized linear layers are then counted at
+their packed size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .models import auto_class_for
+from .placement import PLE_SUFFIX, Placement, part_of, unique_tensors
+from .quantization import Quant
+
+# CUDA context, cuBLAS workspaces and the first activations need room beyond the weights.
+GPU_HEADROOM_BYTES = 600 * 1024**2
+
+# bytes per weight element, including bitsandbytes' per-block statistics
+# (4-bit: one fp32 absmax per 64 weights; 8-bit: one fp32 scale per output row, ignored)
+QUANT_BYTES_PER_WEIGHT = {"bf16": 2.0, "nf4": 0.5 + 4 / 64, "fp4": 0.5 + 4 / 64, "int8": 1.0}
+# double quantization: 8-bit absmax per 64 weights, plus one fp32 scale per 256 of those blocks
+DOUBLE_QUANT_BYTES_PER_WEIGHT = 0.5 + 1 / 64 + 4 / (64 * 256)
+COURSE_PARTS = {  # coarse parts for charts, by the last component of placement.part_of()
+    "embed_tokens_per_layer": "PLE table",
+    "embed_tokens": "embeddings (tied lm_head)",
+    "layers": "decoder layers",
+    "vision_tower": "vision tower",
+    "audio_tower": "audio tower",
+}
+NOT_QUANTIZED_BY_DEFAULT = ("lm_head",)
+
+
+@dataclass
+class WeightEstimate:
+    gpu_bytes: int
+    cpu_bytes: int
+    by_part: dict = field(default_factory=dict)  # part -> bytes on the GPU
+
+    def __str__(self) -> str:
+        return f"weights: {self.gpu_bytes / 1e9:.2f} GB on GPU, {self.cpu_bytes / 1e9:.2f} GB on CPU"
+
+    def by_course_part(self) -> dict:
+        """GPU bytes grouped into the parts the course talks about (PLE, decoder layers, towers, ...)."""
+        grouped: dict = {}
+        for part, size in self.by_part.items():
+            grouped[course_part(part)] = grouped.get(course_part(part), 0) + size
+        return grouped
+
+
+def meta_model(config):
+    """The model for ``config`` on the meta device: names and shapes, no memory."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        model = auto_class_for(config).from_config(config, dtype=torch.bfloat16)  # buffers such as inv_freq stay float32, as when loaded
+    model.tie_weights()  # on meta, from_config leaves lm_head untied; the checkpoint shares it
+    return model
+
+
+def _is_quantized_linear_weight(module_name: str, module, tensor_name: str, skip: tuple) -> bool:
+    if tensor_name != "weight" or not isinstance(module, torch.nn.Linear):
+        return False
+    return not any(module_name == s or module_name.endswith("." + s) or module_name.startswith(s) for s in skip)
+
+
+def course_part(part: str) -> str:
+    return COURSE_PARTS.get(part.split(".")[-1], "other")
+
+
+def weight_bytes(model, quant: Quant = "nf4", ple: Placement = "cpu", keep_bf16=(), double_quant: bool = False) -> WeightEstimate:
+    """Predict the GPU and CPU bytes of the weights for a quantization and PLE placement."""
+    from accelerate.utils import compute_module_sizes
+
+    per_element = QUANT_BYTES_PER_WEIGHT[quant]
+    if double_quant and quant in ("nf4", "fp4"):
+        per_element = DOUBLE_QUANT_BYTES_PER_WEIGHT
+    skip = tuple(NOT_QUANTIZED_BY_DEFAULT) + tuple(keep_bf16)
+    sizes = compute_module_sizes(model)
+    gpu = cpu = 0
+    by_part: dict = {}
+    for module_name, module, tensor_name, tensor in unique_tensors(model):
+        full = f"{module_name}.{tensor_name}" if module_name else tensor_name
+        size = sizes[full]
+        if quant != "bf16" and _is_quantized_linear_weight(module_name, module, tensor_name, skip):
+            size = int(tensor.numel() * per_element)
+        if ple == "cpu" and module_name.split(".")[-1] == PLE_SUFFIX:
+            cpu += size
+            continue
+        gpu += size
+        part = part_of(full)
+        by_part[part] = by_part.get(part, 0) + size
+    return WeightEstimate(gpu_bytes=gpu, cpu_bytes=cpu, by_part=by_part)
