@@ -9,6 +9,7 @@ CONFIG_DIR = DATA_DIR / "configs"
 MEASUREMENTS_DIR = DATA_DIR / "measurements"  # the benchmark's records, one JSONL file per model
 GPU_TIER_DIR = DATA_DIR / "gpu-tier"  # the GPU tier's records and notebook runs
 PLANNER_DIR = DATA_DIR / "planner"  # the planner's calibration
+BUILDS_DIR = DATA_DIR / "builds"  # how long a synthetic build took and how much host memory it needed
 BUILD_DIR = REPO_ROOT / "build"  # executed notebooks and JUnit files, never committed
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .errors import InvalidChoiceError
-from .paths import CONFIG_DIR, cache_dir
+from .paths import BUILDS_DIR, CONFIG_DIR, cache_dir
 
 SHAPES = {
     "tiny": "tiny.config.json",
@@ -78,25 +78,6 @@ def default_destination(shape_or_config) -> Path:
 
 def is_complete(path: Path) -> bool:
     return (Path(path) / COMPLETE_MARKER).is_file()
-
-
-def soften_attention(model) -> None:
-    """Scale q/k norms so attention scores have unit spread, as in a trained model.
-
-    Gemma 4 uses attention scaling 1.0 and relies on trained q/k norms. With the default
-    init (norm weights 1) scores spread by ~sqrt(head_dim), attention becomes an argmax,
-    and bf16 rounding differences between kernels flip greedy tokens.
-    """
-    for module in model.modules():
-        q_norm, k_norm = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
-        head_dim = getattr(module, "head_dim", None)
-        if q_norm is None or head_dim is None:
-            continue
-        scale = float(head_dim) ** -0.25
-        with torch.no_grad():
-            q_norm.weight.fill_(scale)
-            if k_norm is not None and getattr(k_norm, "weight", None) is not None:
-                k_norm.weight.fill_(scale)
 
 
 def _special_token_ids(config) -> dict[str, int]:
@@ -206,18 +187,21 @@ def save_text_and_media_processors(config, tokenizer, dest: Path) -> bool:
     return True
 
 
-def _init_device() -> torch.device:
-    # Random init of 8 B parameters takes minutes on a CPU and seconds on a GPU.
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+# Tensors are initialised and written one module at a time, never the whole model: an E4B-shaped
+# build then needs no GPU and about a gigabyte of host memory. Embedding tables above this size (the
+# PLE table is 5.6 GB) are initialised and written in row blocks of it.
+EMBEDDING_BLOCK_BYTES = 256 * 1024**2
+MAX_SHARD_BYTES = 2 * 10**9  # as save_pretrained(max_shard_size="2GB")
+SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16", torch.int64: "I64"}
 
 
 def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = False, progress: bool = True) -> Path:
     """Build (or reuse) a synthetic checkpoint and return its folder.
 
     ``shape`` is ``tiny``, ``e2b-shape``, ``e4b-shape``, or a config object/dict for any other
-    Gemma 4 shape. The build is atomic: it is written to a hidden sibling folder and renamed
-    into place only once complete, so an interrupted build leaves nothing that looks like a
-    checkpoint. Concurrent calls for the same folder build it once.
+    Gemma 4 shape. The build needs no GPU and bounded host memory (tensor by tensor). It is atomic:
+    written to a hidden sibling folder and renamed into place only once complete, so an interrupted
+    build leaves nothing that looks like a checkpoint. Concurrent calls for the same folder build it once.
     """
     from filelock import FileLock
 
@@ -231,14 +215,30 @@ def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = Fa
     locks = cache_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     with FileLock(str(locks / (hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:16] + ".lock"))):
+        _recover(dest)
         if is_complete(dest) and not force:
             return dest
         return _build_unlocked(shape, config, dest, seed, progress)
 
 
+def _siblings(dest: Path, kind: str) -> list:
+    return sorted(dest.parent.glob(f".{dest.name}.{kind}-*")) if dest.parent.is_dir() else []
+
+
+def _recover(dest: Path) -> None:
+    """Under the build lock no other builder of ``dest`` is alive: finish what a killed one left.
+    A complete new build waiting beside a missing ``dest`` is moved in (the kill fell between the
+    two renames), else a set-aside old one is put back; every other leftover is deleted."""
+    if not is_complete(dest):
+        ready = [p for p in _siblings(dest, "partial") if is_complete(p)] or [p for p in _siblings(dest, "old") if is_complete(p)]
+        if ready and not dest.exists():
+            os.replace(ready[0], dest)
+    for leftover in _siblings(dest, "partial") + _siblings(dest, "old"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
 def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Path:
-    from tqdm.auto import tqdm
-    from transformers import Gemma4ForConditionalGeneration, GenerationConfig
+    import resource
 
     if dest.exists() and not is_complete(dest) and any(dest.iterdir()):
         raise InvalidChoiceError(
@@ -247,26 +247,12 @@ def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Pat
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
     shape_name = shape if isinstance(shape, str) else "custom"
-    steps = tqdm(total=4, desc=f"build {shape_name}", disable=not progress)
+    started = time.time()
     try:
-        started = time.time()
-        torch.manual_seed(seed)
-        with torch.device(_init_device()):
-            model = Gemma4ForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
-        steps.update()
-        soften_attention(model)
-        text = config.get_text_config()
-        model.generation_config = GenerationConfig(
-            bos_token_id=text.bos_token_id,
-            pad_token_id=text.pad_token_id,
-            eos_token_id=config.eos_token_id,
-        )
-        steps.update()
-        model.save_pretrained(staging, max_shard_size="2GB")
-        del model
-        steps.update()
+        staging.mkdir()
+        hashes = write_weights(config, staging, seed=seed, progress=progress, desc=f"build {shape_name}")
         full_processor = save_text_and_media_processors(config, build_tokenizer(config), staging)
-        steps.update()
+        hashes.update({path.name: _sha256(path) for path in sorted(staging.iterdir()) if path.name not in hashes})
         (staging / COMPLETE_MARKER).write_text(
             json.dumps(
                 {
@@ -275,16 +261,261 @@ def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Pat
                     "config_sha256_12": config_fingerprint(config),
                     "full_processor": full_processor,
                     "built_in_s": round(time.time() - started, 1),
+                    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                    "sha256": hashes,
                     "note": "random weights: memory figures are real, generated text is not",
                 },
                 indent=2,
             )
         )
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(staging, dest)
+        _move_into_place(staging, dest)
     finally:
-        steps.close()
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return dest
+
+
+def _move_into_place(staging: Path, dest: Path) -> None:
+    """Old aside, new in, old deleted: a kill at any point leaves a complete checkpoint that
+    ``_recover`` puts (back) in place at the next build."""
+    aside = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
+    if dest.exists():
+        os.replace(dest, aside)
+    os.replace(staging, dest)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def skeleton(config):
+    """The model on the meta device, tied, with the course's init overrides by module name."""
+    from transformers import Gemma4ForConditionalGeneration, GenerationConfig
+
+    with torch.device("meta"):
+        model = Gemma4ForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
+    model.tie_weights()
+    text = config.get_text_config()
+    model.generation_config = GenerationConfig(
+        bos_token_id=text.bos_token_id, pad_token_id=text.pad_token_id, eos_token_id=config.eos_token_id)
+    return model
+
+
+# Each decoder layer adds three unit-RMS vectors (attention, MLP, per-layer input, each through
+# its post-norm) to a residual stream that starts as the token's own embedding. With E4B's widths
+# and the default init that embedding stays large enough for the tied lm_head to pick the input
+# token again, and greedy decoding repeats one token forever: token-level comparisons then cannot
+# tell a broken computation from a correct one. Post-norm weights of 8 let the layers dominate the
+# stream, as trained weights do, and greedy output varies (tests/test_synthetic.py, the benchmark's
+# distinct-token counts).
+POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm", "post_per_layer_input_norm")
+POST_NORM_SCALE = 8.0
+
+
+def course_init_fills(model) -> dict:
+    """Module name -> the value its norm weight is filled with, on top of the library's init.
+
+    q/k norms are scaled so attention scores have unit spread, as in a trained model: Gemma 4 uses
+    attention scaling 1.0 and relies on trained q/k norms. With the default init (norm weights 1)
+    scores spread by ~sqrt(head_dim), attention becomes an argmax, and bf16 rounding differences
+    between kernels flip greedy tokens. The decoder's post-norms get ``POST_NORM_SCALE`` (above).
+    """
+    fills = {}
+    for name, module in model.named_modules():
+        if name.split(".")[-1] in POST_NORMS and ".language_model." in f".{name}":
+            fills[name] = POST_NORM_SCALE
+        head_dim = getattr(module, "head_dim", None)
+        if head_dim is None or getattr(module, "q_norm", None) is None:
+            continue
+        for norm in ("q_norm", "k_norm"):
+            if getattr(getattr(module, norm, None), "weight", None) is not None:
+                fills[f"{name}.{norm}" if name else norm] = float(head_dim) ** -0.25
+    return fills
+
+
+def _tensors_to_write(model) -> list:
+    """(name, module name, attribute) for each saved tensor, tied ones once, in state-dict order."""
+    owners = {}
+    for module_name, module in model.named_modules():
+        for attribute, tensor in list(module._parameters.items()) + [
+                (b, t) for b, t in module._buffers.items() if b not in module._non_persistent_buffers_set]:
+            if tensor is not None:
+                owners.setdefault(id(tensor), (module_name, attribute))
+    seen, plan = set(), []
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue  # a tied weight: save_pretrained keeps the first name
+        seen.add(id(tensor))
+        plan.append((name, *owners[id(tensor)], tensor))
+    return plan
+
+
+def _shards(plan) -> list:
+    shards, current, size = [], [], 0
+    for entry in plan:
+        nbytes = entry[3].numel() * entry[3].element_size()
+        if current and size + nbytes > MAX_SHARD_BYTES:
+            shards.append(current)
+            current, size = [], 0
+        current.append(entry)
+        size += nbytes
+    return shards + ([current] if current else [])
+
+
+def _header(shard) -> bytes:
+    """The safetensors header for a shard (the format's JSON, padded to 8 bytes, length first)."""
+    entries, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, _, _, tensor in shard:
+        nbytes = tensor.numel() * tensor.element_size()
+        entries[name] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                         "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text
+
+
+def _materialise(model, module_name: str, fills: dict):
+    """Give one module real CPU tensors, initialised by the model's own ``_init_weights``."""
+    module = model.get_submodule(module_name)
+    for attribute, tensor in list(module._parameters.items()):
+        if tensor is not None:
+            module._parameters[attribute] = torch.nn.Parameter(torch.empty_like(tensor, device="cpu"),
+                                                               requires_grad=tensor.requires_grad)
+    for attribute, tensor in list(module._buffers.items()):
+        if tensor is not None:
+            module._buffers[attribute] = torch.empty_like(tensor, device="cpu")
+    with torch.no_grad():
+        model._init_weights(module)
+        if module_name in fills:
+            module.weight.fill_(fills[module_name])
+    return module
+
+
+def _release(module) -> None:
+    for attribute, tensor in list(module._parameters.items()):
+        if tensor is not None:
+            module._parameters[attribute] = torch.nn.Parameter(tensor.to("meta"), requires_grad=tensor.requires_grad)
+    for attribute, tensor in list(module._buffers.items()):
+        if tensor is not None:
+            module._buffers[attribute] = tensor.to("meta")
+
+
+def _embedding_blocks(model, module):
+    """A large embedding table in row blocks, each initialised by ``_init_weights`` as an
+    ``nn.Embedding`` of those rows (normal init, the padding row zeroed where it falls)."""
+    rows, width = module.weight.shape
+    block_rows = max(1, EMBEDDING_BLOCK_BYTES // (width * module.weight.element_size()))
+    for start in range(0, rows, block_rows):
+        stop = min(rows, start + block_rows)
+        block = torch.nn.Embedding(stop - start, width, device="cpu", dtype=module.weight.dtype, _freeze=True)
+        pad = module.padding_idx
+        block.padding_idx = pad - start if pad is not None and start <= pad < stop else None
+        with torch.no_grad():
+            model._init_weights(block)
+        yield block.weight.detach()
+
+
+def _is_blocked(module, attribute: str) -> bool:
+    return (isinstance(module, torch.nn.Embedding) and attribute == "weight"
+            and module.weight.numel() * module.weight.element_size() > EMBEDDING_BLOCK_BYTES)
+
+
+def write_weights(config, folder: Path, *, seed: int = DEFAULT_SEED, progress: bool = True, desc: str = "weights") -> dict:
+    """Write config, generation config and safetensors shards (with their index) into ``folder``,
+    as ``save_pretrained`` lays them out, initialising one module at a time on the CPU.
+    Returns ``{file name: sha256}`` for the shards."""
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(seed)
+    model = skeleton(config)
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    fills = course_init_fills(model)
+    shards = _shards(_tensors_to_write(model))
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)])
+    total = sum(t.numel() * t.element_size() for shard in shards for *_, t in shard)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress)
+    hashes, weight_map, pending, remaining = {}, {}, {}, {}
+    for shard in shards:
+        for _, module_name, _, _ in shard:
+            remaining[module_name] = remaining.get(module_name, 0) + 1
+    try:
+        for file_name, shard in zip(names, shards):
+            header = _header(shard)
+            digest = hashlib.sha256(header)
+            with open(folder / file_name, "wb") as handle:
+                handle.write(header)
+                for chunk in _tensor_bytes(model, shard, fills, pending, remaining):
+                    handle.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+            hashes[file_name] = digest.hexdigest()
+            weight_map.update({name: file_name for name, *_ in shard})
+    finally:
+        bar.close()
+    if len(shards) > 1:
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2) + "\n")
+    return hashes
+
+
+def _raw_bytes(tensor: torch.Tensor) -> bytes:
+    """A tensor's bytes as safetensors stores them (little-endian, row-major; scalars too)."""
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _tensor_bytes(model, shard, fills: dict, pending: dict, remaining: dict):
+    """The bytes of one shard's tensors, materialising a module when its first tensor is due and
+    releasing it after its last one (``remaining`` counts over all shards)."""
+    for _, module_name, attribute, _ in shard:
+        meta_module = model.get_submodule(module_name)
+        if _is_blocked(meta_module, attribute):
+            for block in _embedding_blocks(model, meta_module):
+                yield _raw_bytes(block)
+        else:
+            module = pending.get(module_name) or _materialise(model, module_name, fills)
+            pending[module_name] = module
+            tensor = getattr(module, attribute)
+            yield _raw_bytes(tensor)
+        remaining[module_name] -= 1
+        if remaining[module_name] == 0 and module_name in pending:
+            _release(pending.pop(module_name))
+
+
+def main(argv=None) -> int:
+    import argparse
+    import os as _os
+    import platform
+
+    parser = argparse.ArgumentParser(description="Build a synthetic Gemma 4 checkpoint (no GPU needed).")
+    parser.add_argument("shape", choices=list(SHAPES))
+    parser.add_argument("--force", action="store_true", help="rebuild even if a complete checkpoint exists")
+    parser.add_argument("--record", action="store_true", help=f"write the build's time and peak host memory to {BUILDS_DIR}/")
+    args = parser.parse_args(argv)
+    path = build(args.shape, force=args.force)
+    marker = json.loads((path / COMPLETE_MARKER).read_text())
+    print(f"{path}: built in {marker['built_in_s']} s, peak host memory {marker['peak_rss_bytes'] / 1e9:.2f} GB")
+    if args.record:
+        import psutil
+
+        BUILDS_DIR.mkdir(parents=True, exist_ok=True)
+        record = {key: marker[key] for key in ("shape", "seed", "config_sha256_12", "built_in_s", "peak_rss_bytes")}
+        record.update(cpus=_os.cpu_count(), ram_bytes=psutil.virtual_memory().total, gpu_used=False,
+                      platform=f"{platform.system()} {platform.machine()}", torch=torch.__version__,
+                      date=time.strftime("%Y-%m-%d"), command=f"python -m helpers.synthetic {args.shape} --force --record")
+        (BUILDS_DIR / f"{args.shape}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -45,17 +45,126 @@ def test_e4b_shape_has_the_reference_parameter_count_and_ple_shape():
 
 
 def test_interrupted_build_leaves_nothing_a_loader_could_mistake_for_a_checkpoint(tmp_path, monkeypatch):
-    from transformers import Gemma4ForConditionalGeneration
+    written = []
 
-    def crash(*args, **kwargs):
-        raise KeyboardInterrupt
+    def crash_on_the_third_tensor(tensor):
+        written.append(tensor.shape)
+        if len(written) == 3:
+            raise KeyboardInterrupt
+        return real(tensor)
 
-    monkeypatch.setattr(Gemma4ForConditionalGeneration, "save_pretrained", crash)
+    real = synthetic._raw_bytes
+    monkeypatch.setattr(synthetic, "_raw_bytes", crash_on_the_third_tensor)
     dest = tmp_path / "ckpt"
     with pytest.raises(KeyboardInterrupt):
         synthetic.build("tiny", dest, progress=False)
     assert not dest.exists()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_streamed_build_lays_out_the_files_exactly_as_save_pretrained_does(tmp_path):
+    from safetensors import safe_open
+    from transformers import Gemma4ForConditionalGeneration
+
+    config = synthetic.gemma4_config("tiny")
+    streamed = synthetic.build("tiny", tmp_path / "streamed", progress=False)
+    Gemma4ForConditionalGeneration._from_config(config, dtype=torch.bfloat16).save_pretrained(tmp_path / "library")
+
+    def layout(folder):
+        tensors = {}
+        for shard in folder.glob("*.safetensors"):
+            with safe_open(shard, "pt") as handle:
+                tensors.update({key: (handle.get_slice(key).get_shape(), handle.get_slice(key).get_dtype())
+                                for key in handle.keys()})
+        return tensors
+
+    assert layout(streamed) == layout(tmp_path / "library")
+    assert json.loads((streamed / "config.json").read_text()) == json.loads((tmp_path / "library" / "config.json").read_text())
+
+
+def test_a_sharded_build_has_an_index_naming_every_tensor_once(tmp_path, monkeypatch):
+    from safetensors import safe_open
+
+    monkeypatch.setattr(synthetic, "MAX_SHARD_BYTES", 200_000)
+    folder = synthetic.build("tiny", tmp_path / "sharded", progress=False)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    shards = sorted(folder.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 2 and set(index["weight_map"].values()) == {p.name for p in shards}
+    stored = [key for shard in shards for key in safe_open(shard, "pt").keys()]
+    assert sorted(stored) == sorted(index["weight_map"])
+    from transformers import Gemma4ForConditionalGeneration
+
+    Gemma4ForConditionalGeneration.from_pretrained(folder)  # transformers reads it without complaint
+
+
+def test_a_large_embedding_is_initialised_in_row_blocks_with_the_padding_row_zeroed(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    blocks = []
+    real = synthetic._embedding_blocks
+
+    def counted(model, module):
+        for block in real(model, module):
+            blocks.append(block.shape[0])
+            yield block
+
+    monkeypatch.setattr(synthetic, "EMBEDDING_BLOCK_BYTES", 64 * 64 * 2)  # 64 rows of tiny's width
+    monkeypatch.setattr(synthetic, "_embedding_blocks", counted)
+    weights = load_file(synthetic.build("tiny", tmp_path / "blocked", progress=False) / "model.safetensors")
+    table = weights["model.language_model.embed_tokens.weight"].float()
+    assert len(blocks) >= 5 and sum(blocks) >= table.shape[0]
+    pad = synthetic.gemma4_config("tiny").get_text_config().pad_token_id
+    assert torch.count_nonzero(table[pad]) == 0 and torch.count_nonzero(table[pad + 1]) > 0
+    assert table.std().item() == pytest.approx(0.02, rel=0.1)
+    assert len({tuple(block[:2]) for block in table.split(64)}) > 1  # blocks are not copies of one another
+
+
+def test_the_course_init_scales_q_k_and_post_norms_and_nothing_else(tiny_path):
+    from safetensors.torch import load_file
+
+    weights = load_file(tiny_path / "model.safetensors")
+    post = [k for k in weights if k.split(".")[-2] in synthetic.POST_NORMS and "language_model" in k]
+    assert post and all(torch.all(weights[k] == synthetic.POST_NORM_SCALE) for k in post)
+    other_norms = [k for k in weights if k.endswith("layernorm.weight") and k not in post]
+    assert other_norms and all(torch.all(weights[k] == 1) for k in other_norms)
+
+
+def test_a_kill_between_the_two_renames_is_finished_by_the_next_build(tmp_path, monkeypatch):
+    import os
+
+    dest = synthetic.build("tiny", tmp_path / "ckpt", progress=False)
+    real_replace, calls = os.replace, []
+
+    def die_after_the_first_rename(source, target):
+        calls.append(target)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the old checkpoint is aside, the new one not yet in place
+        real_replace(source, target)
+
+    monkeypatch.setattr(synthetic.os, "replace", die_after_the_first_rename)
+    with pytest.raises(KeyboardInterrupt):
+        synthetic.build("tiny", dest, force=True, progress=False)
+    monkeypatch.setattr(synthetic.os, "replace", real_replace)
+    assert not dest.exists()
+    assert synthetic.build("tiny", dest, progress=False) == dest and synthetic.is_complete(dest)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # nothing aside, nothing staged
+
+
+def test_staging_folders_of_a_dead_builder_are_removed_at_the_next_build(tmp_path):
+    stale = tmp_path / ".ckpt.partial-deadbeef"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "model-00001-of-00004.safetensors").write_bytes(b"half a shard")
+    synthetic.build("tiny", tmp_path / "ckpt", progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+def test_the_build_marker_carries_a_hash_of_every_file(tiny_path):
+    import hashlib
+
+    hashes = json.loads((tiny_path / synthetic.COMPLETE_MARKER).read_text())["sha256"]
+    files = {p.name for p in tiny_path.iterdir()} - {synthetic.COMPLETE_MARKER}
+    assert set(hashes) == files
+    assert all(hashlib.sha256((tiny_path / name).read_bytes()).hexdigest() == digest for name, digest in hashes.items())
 
 
 def test_a_finished_build_is_reused_not_rebuilt(tmp_path):
