@@ -52,10 +52,12 @@ class Configuration:
     def measured_route(self) -> str:
         return self.route or f"ple-{self.ple}"
 
-    def command(self, json_path) -> list:
+    def command(self, json_path, logits_path=None) -> list:
         cmd = [sys.executable, "-m", "helpers.measure", "--model", self.model, "--quant", self.quant,
                "--route", self.measured_route, "--new-tokens", str(self.new_tokens),
                "--decode-runs", str(self.decode_runs), "--json", str(json_path)]
+        if logits_path is not None:
+            cmd += ["--logits-out", str(logits_path)]
         for context in self.contexts:
             cmd += ["--context", str(context)]
         if self.card_gb is not None:
@@ -83,7 +85,9 @@ def presets() -> dict:
 TIMING_KEYS = ("decode_tokens_per_s", "seconds_per_token")
 # every record carries these, null where nothing was measured (a load that ran out of memory, a crash)
 RECORD_KEYS = ("model", "quant", "ple", "card_gb", "config_sha256", "gpu", "versions", "resident_bytes", "reserved_bytes",
-               "peak_load_bytes", "prefill", "max_context", "decode_tokens_per_s", "greedy_sha256", "command", "date")
+               "peak_load_bytes", "prefill", "max_context", "decode_tokens_per_s", "greedy_sha256", "greedy_distinct_tokens",
+               "logits_sha256", "host_load_anon_peak_bytes", "host_load_file_peak_bytes", "host_generate_anon_peak_bytes",
+               "host_generate_file_peak_bytes", "command", "date")
 
 
 def without_timings(record: dict, jobs: int) -> dict:
@@ -130,6 +134,8 @@ class Comparison:
     card_gb: float | None
     ratios: dict = field(default_factory=dict)
     greedy_match: bool | None = None
+    logits_match: bool | None = None  # every step's logits bit for bit (their sha256), the real identity check
+    distinct_tokens: int | None = None  # of the PLE-on-GPU greedy run: a run that repeats one token proves little
 
 
 def _ratio(numerator, denominator):
@@ -160,6 +166,9 @@ def compare(records: list) -> list:
             comparison.ratios["max_context"] = (gpu.get("max_context"), cpu.get("max_context"))
         if gpu.get("greedy_sha256") and cpu.get("greedy_sha256"):
             comparison.greedy_match = gpu["greedy_sha256"] == cpu["greedy_sha256"]
+        if gpu.get("logits_sha256") and cpu.get("logits_sha256"):
+            comparison.logits_match = gpu["logits_sha256"] == cpu["logits_sha256"]
+        comparison.distinct_tokens = gpu.get("greedy_distinct_tokens")
         comparisons.append(comparison)
     return comparisons
 
@@ -217,10 +226,11 @@ def main(argv=None) -> int:
     crashed = [r for r in records if "crashed" in r]
     for comparison in comparisons:
         print(f"{comparison.model} {comparison.quant} card={comparison.card_gb}: PLE on CPU / on GPU = {comparison.ratios}; "
-              f"greedy identical: {comparison.greedy_match}")
-    mismatched = [c for c in comparisons if c.greedy_match is False]
+              f"logits identical: {comparison.logits_match}, greedy identical: {comparison.greedy_match} "
+              f"({comparison.distinct_tokens} distinct tokens)")
+    mismatched = [c for c in comparisons if c.greedy_match is False or c.logits_match is False]
     if mismatched or crashed:
-        print(f"FAILED: {len(mismatched)} greedy mismatch(es), {len(crashed)} crashed configuration(s)")
+        print(f"FAILED: {len(mismatched)} logits or greedy mismatch(es), {len(crashed)} crashed configuration(s)")
         return 1
     return 0
 

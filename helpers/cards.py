@@ -1,7 +1,62 @@
-"""The learners' cards: the GPUs this course is for, in one place."""
+"""The learners' cards: the GPUs this course is for, and how to see what each of them sees.
+
+On a big GPU an instructor can cap this process's GPU memory at a card's size (``simulate`` or
+``CARD_GB=8`` in the environment) and run any notebook exactly as an RTX 4060 learner would:
+PyTorch's allocator then refuses what the card could not hold.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import CourseError
 
 # what the planner's card table answers for (GB the allocator may use)
 CARDS = {"RTX 4060 (8 GB)": 8, "12 GB": 12, "Colab T4 (15 GB)": 15, "16 GB laptop": 16, "24 GB": 24}
 # the cards the benchmark simulates on a big GPU: RTX 4060, Colab T4 (15 GB usable), the seed
 # issue's 16 GB laptop card
 SIMULATED_CARDS_GB = (8, 15, 16)
+CARD_ENV = "CARD_GB"
+
+
+def requested_card_gb(card_gb=None) -> float | None:
+    """The card to simulate: the argument, else ``$CARD_GB``, else none (the whole GPU)."""
+    value = card_gb if card_gb is not None else os.environ.get(CARD_ENV) or None
+    if value is None:
+        return None
+    try:
+        gb = float(value)
+    except (TypeError, ValueError):
+        raise CourseError(f"CARD_GB={value!r} is not a number of gigabytes: use e.g. CARD_GB=8 for an RTX 4060.") from None
+    if not 1 <= gb <= 1000:
+        raise CourseError(f"CARD_GB={value!r} is not a card size: use the card's memory in GB, e.g. 8, 15 or 16.")
+    return gb
+
+
+def simulate(card_gb=None, device=0) -> float | None:
+    """Cap this process's GPU memory at ``card_gb`` GB (10^9 bytes) so it behaves like that card;
+    returns the cap in force (None: no cap). A no-op without CUDA. Call it before loading a model."""
+    import torch
+
+    gb = requested_card_gb(card_gb)
+    if gb is None or not torch.cuda.is_available():
+        return gb if gb is None else None
+    total = torch.cuda.get_device_properties(device).total_memory
+    if gb * 1e9 > total:
+        raise CourseError(f"This GPU has {total / 1e9:.1f} GB, less than the {gb:g} GB card asked for: "
+                          f"simulate a smaller card or unset CARD_GB.")
+    torch.cuda.set_per_process_memory_fraction(gb * 1e9 / total, device)
+    return gb
+
+
+def cap_in_force(device=0) -> float | None:
+    """The GPU memory this process may use, in GB, when capped below the whole card (else None)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    fraction = torch.cuda.get_per_process_memory_fraction(device) if hasattr(
+        torch.cuda, "get_per_process_memory_fraction") else 1.0
+    if fraction >= 1.0:
+        return None
+    return fraction * torch.cuda.get_device_properties(device).total_memory / 1e9

@@ -8,8 +8,10 @@ the gathered rows travel to the GPU.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -90,23 +92,75 @@ def gpu_budget_bytes(device: torch.device) -> int:
     return free
 
 
-def check_fits(estimate: WeightEstimate, device: torch.device, quant: Quant, ple: Placement) -> None:
+@dataclass
+class LoadVerdict:
+    """Will a load fit the GPU memory this process may still use (a card cap included)?"""
+    loads: bool
+    quant: str
+    ple: str
+    device: str
+    needed_bytes: int  # weights on the GPU plus the headroom
+    budget_bytes: int | None  # None: not a GPU, no GPU limit
+    fix: str = ""
+
+    def __str__(self) -> str:
+        if self.budget_bytes is None:
+            return f"quant={self.quant!r}, ple={self.ple!r} on {self.device}: no GPU memory limit."
+        head = (f"quant={self.quant!r}, ple={self.ple!r} needs about {self.needed_bytes / 1e9:.1f} GB on {self.device} "
+                f"(weights + {GPU_HEADROOM_BYTES / 1e9:.1f} GB headroom); {self.budget_bytes / 1e9:.1f} GB is free")
+        return f"{head}: it loads." if self.loads else f"{head}: it does not load; use {self.fix}."
+
+
+def load_verdict(estimate: WeightEstimate, device: torch.device, quant: Quant, ple: Placement) -> LoadVerdict:
     if device.type != "cuda":
-        return
+        return LoadVerdict(True, quant, ple, str(device), estimate.gpu_bytes, None)
     budget = gpu_budget_bytes(device)
     needed = estimate.gpu_bytes + GPU_HEADROOM_BYTES
-    if needed > budget:
-        hints = []
-        if ple == "gpu" and estimate.cpu_bytes == 0:
-            hints.append("ple='cpu'")
-        if quant in ("bf16", "int8"):
-            hints.append("quant='nf4'")
-        fix = " or ".join(hints) if hints else "a larger GPU"
-        raise InsufficientGPUMemoryError(
-            f"quant={quant!r} with ple={ple!r} needs about {needed / 1e9:.1f} GB on {device} (weights "
-            f"{estimate.gpu_bytes / 1e9:.1f} GB + {GPU_HEADROOM_BYTES / 1e9:.1f} GB headroom) but only "
-            f"{budget / 1e9:.1f} GB is free: use {fix}."
-        )
+    hints = []
+    if ple == "gpu" and estimate.cpu_bytes == 0:
+        hints.append("ple='cpu'")
+    if quant in ("bf16", "int8"):
+        hints.append("quant='nf4'")
+    return LoadVerdict(needed <= budget, quant, ple, str(device), needed, budget, " or ".join(hints) or "a larger GPU")
+
+
+def will_load(source: Source = None, quant: Quant = "nf4", ple: Placement = "cpu", device: Device | None = None, *,
+              keep_bf16=(), double_quant: bool = False) -> LoadVerdict:
+    """Ask before loading: do this checkpoint's weights, with this quantization and PLE placement,
+    fit what this GPU (or simulated card) has free right now? Reads only the config."""
+    require_choice(quant, QUANTS, "quant")
+    require_choice(ple, PLACEMENTS, "ple")
+    target = compute_device(default_device() if device is None else device)
+    estimate = weight_bytes(meta_model(models.load_config(source)), quant, ple, keep_bf16, double_quant)
+    return load_verdict(estimate, target, quant, ple)
+
+
+def check_fits(estimate: WeightEstimate, device: torch.device, quant: Quant, ple: Placement) -> None:
+    verdict = load_verdict(estimate, device, quant, ple)
+    if not verdict.loads:
+        raise InsufficientGPUMemoryError(str(verdict))
+
+
+def release_gpu() -> dict:
+    """After ``del model``: collect the garbage and hand PyTorch's cached blocks back to the driver,
+    so the next load starts from an empty card. Returns the bytes still allocated and reserved."""
+    gc.collect()
+    if not torch.cuda.is_available():
+        return {}
+    torch.cuda.empty_cache()
+    return {"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved()}
+
+
+class ComputeDtypeNotice(UserWarning):
+    """The 4-bit compute dtype was chosen for this GPU (fp16 where bf16 is not native)."""
+
+
+def default_compute_dtype(device: torch.device) -> torch.dtype:
+    """What 4-bit layers should compute in: bf16 on the CPU and on GPUs that have it natively
+    (compute capability 8.0 and newer); fp16 on a T4 (7.5) and older, where bf16 is emulated."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 8:
+        return torch.bfloat16
+    return torch.float16
 
 
 def default_device():
@@ -121,7 +175,7 @@ def load_model(
     device: Device = 0,
     *,
     keep_bf16=(),
-    compute_dtype=torch.bfloat16,
+    compute_dtype: torch.dtype | None = None,
     double_quant: bool = False,
     device_map: dict | None = None,
     check_memory: bool = True,
@@ -132,7 +186,8 @@ def load_model(
     ``source``: hub id, folder or synthetic name (default ``$GEMMA_MODEL`` or ``tiny``).
     ``quant``: ``bf16``, ``nf4``, ``fp4`` or ``int8``. ``ple``: ``gpu`` or ``cpu``.
     ``device``: the GPU index, or ``"cpu"`` to run everything on the CPU.
-    ``keep_bf16``, ``compute_dtype``, ``double_quant``: see ``quantization.quantization_config``.
+    ``keep_bf16``, ``compute_dtype``, ``double_quant``: see ``quantization.quantization_config``;
+    ``compute_dtype=None`` picks bf16, or fp16 on a GPU without native bf16 (a T4), and says so.
     ``device_map``: your own map instead of the course's (checked: every key must match a module).
     """
     check_transformers()
@@ -154,6 +209,12 @@ def load_model(
     else:
         placement.validate_device_map(skeleton, device_map)
     cpu_entries = target.type == "cuda" and "cpu" in set(device_map.values())
+    if compute_dtype is None:
+        compute_dtype = default_compute_dtype(target)
+        if compute_dtype == torch.float16 and quant in ("nf4", "fp4"):
+            warnings.warn(f"{torch.cuda.get_device_name(target)} has no native bf16: 4-bit layers compute in fp16 "
+                          f"(bnb_4bit_compute_dtype=torch.float16); pass compute_dtype to choose.", ComputeDtypeNotice,
+                          stacklevel=2)
     if check_memory:
         check_fits(weight_bytes(skeleton, quant, ple, keep_bf16, double_quant), target, quant, ple)
     del skeleton

@@ -11,26 +11,32 @@ Routes:
   cpu-entry      the naive route: a per-module map with the PLE on ``"cpu"`` and the offload
                  flag, accelerate's hook left in place
   no-flag        the same map without ``llm_int8_enable_fp32_cpu_offload`` (bitsandbytes refuses)
+  ple-cpu-nudged the control: ``ple="cpu"`` with one PLE row moved by one bf16 ulp; its logits must
+                 differ from ``ple-gpu``'s, or the identity check proves nothing
+  ple-cpu-fp16   ``ple="cpu"`` with 4-bit layers computing in fp16, what a T4 (no native bf16) gets
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
+import resource
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from . import loading, models, placement, quantization
+from . import cards, loading, models, placement, quantization
 from .errors import CourseError
+from .host_memory import PeakSampler
 from .planner import largest_true
 from .records import environment
 from .weights import meta_model
 
-ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag")
+ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nudged", "ple-cpu-fp16")
 PROMPT_TEXT = "The per-layer embedding table is a lookup, so only the rows of these tokens are read. "
 
 
@@ -41,28 +47,64 @@ def prompt_ids(tokenizer, length: int, device) -> torch.Tensor:
     return torch.tensor([[tokenizer.bos_token_id, *repeated]], device=device)
 
 
-def _generate_exactly(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy ``generate`` of exactly ``new_tokens`` (no early stop at an end-of-turn token)."""
+def _generate_exactly(model, ids: torch.Tensor, new_tokens: int, keep_logits: bool = False):
+    """Greedy ``generate`` of exactly ``new_tokens`` (no early stop at an end-of-turn token); with
+    ``keep_logits`` also the raw logits of every step (``output_logits``, before any processor)."""
     with torch.no_grad():
         return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, do_sample=False)
+                              min_new_tokens=new_tokens, do_sample=False, output_logits=keep_logits,
+                              return_dict_in_generate=True)
 
 
-def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32) -> dict:
-    """Greedy-decode exactly ``new_tokens`` after a fixed prompt; tokens, their hash and the time."""
+def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32, *, keep_logits: bool = False) -> dict:
+    """Greedy-decode exactly ``new_tokens`` after a fixed prompt: the tokens, their hash, how many
+    distinct ones (a random-weight model that repeats one token proves nothing) and the time; with
+    ``keep_logits`` the full logits of every step (float32, on the CPU) and their hash."""
     device = placement.compute_device_of(model)  # not the PLE table's device, which may be the CPU
     ids = prompt_ids(tokenizer, prompt_length, device)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     synchronize()
     started = time.perf_counter()
-    out = _generate_exactly(model, ids, new_tokens)
+    out = _generate_exactly(model, ids, new_tokens, keep_logits)
     synchronize()
-    tokens = out[0, ids.shape[1]:].tolist()
-    return {
+    seconds = time.perf_counter() - started
+    tokens = out.sequences[0, ids.shape[1]:].tolist()
+    result = {
         "tokens": tokens,
         "sha256": hashlib.sha256(json.dumps(tokens).encode()).hexdigest(),
-        "seconds_per_token": (time.perf_counter() - started) / len(tokens),
+        "distinct_tokens": len(set(tokens)),
+        "seconds_per_token": seconds / len(tokens),
     }
+    if keep_logits:
+        logits = torch.stack([step[0] for step in out.logits]).float().cpu()
+        result.update(logits=logits, logits_sha256=hashlib.sha256(logits.numpy().tobytes()).hexdigest(),
+                      logits_finite=bool(torch.isfinite(logits).all()))
+    return result
+
+
+def compare_logits(reference: torch.Tensor, candidate: torch.Tensor) -> dict:
+    """Bit-for-bit comparison of two runs' logits, every step and every vocabulary entry."""
+    if reference.shape != candidate.shape:
+        return {"identical": False, "max_abs_diff": float("inf"), "steps": min(len(reference), len(candidate))}
+    return {"identical": torch.equal(reference, candidate),
+            "max_abs_diff": (reference - candidate).abs().max().item(), "steps": reference.shape[0]}
+
+
+@contextlib.contextmanager
+def ple_row_nudged(model, token_id: int):
+    """The control for an identity check: one PLE row moved by one bf16 ulp (its bit pattern + 1),
+    restored on exit. A comparison that cannot tell this model from the original proves nothing."""
+    tables = [model.get_submodule(name).weight for name in placement.require_ple(model)]
+    originals = [table.data[token_id].clone() for table in tables]
+    with torch.no_grad():
+        for table in tables:
+            table.data[token_id].view(torch.int16).add_(1)
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for table, original in zip(tables, originals):
+                table.data[token_id].copy_(original)
 
 
 def gpu_memory(device) -> dict:
@@ -77,8 +119,10 @@ def gpu_memory(device) -> dict:
 
 
 def _load(route: str, source, quant: str, device: int):
-    if route in ("ple-gpu", "ple-cpu"):
+    if route in ("ple-gpu", "ple-cpu", "ple-cpu-nudged"):
         return loading.load_model(source, quant=quant, ple=route.split("-")[1], device=device)
+    if route == "ple-cpu-fp16":
+        return loading.load_model(source, quant=quant, ple="cpu", device=device, compute_dtype=torch.float16)
     if route == "post-load":
         model = loading.load_model(source, quant=quant, ple="gpu", device=device)
         return placement.offload_ple(model, torch.device("cuda", device))
@@ -146,23 +190,25 @@ def fits_context(model, tokenizer, context: int, device, decode_tokens: int = 8)
 
 
 def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int = 256, contexts=(), card_gb=None,
-            decode_runs: int = 1, search_max_context: bool = False, max_context_limit: int | None = None):
+            decode_runs: int = 1, search_max_context: bool = False, max_context_limit: int | None = None,
+            logits_out: Path | None = None):
     """Measure one route in this process. ``decode_runs`` > 1 adds a warm-up run and reports the
     median decode speed; ``search_max_context`` bisects the largest context that prefills and decodes,
-    up to ``max_context_limit`` (default: the model's ``max_position_embeddings``)."""
-    path = models.resolve(source)  # once; a synthetic checkpoint is built with the whole GPU, before any card-sized cap
+    up to ``max_context_limit`` (default: the model's ``max_position_embeddings``); ``logits_out`` keeps
+    the greedy run's logits for a bit-for-bit comparison with another route."""
+    path = models.resolve(source)  # once; a synthetic checkpoint is built before any card-sized cap
     torch.cuda.init()
     index, device = device, torch.device("cuda", device)
     if card_gb is not None:
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, card_gb * 1e9 / total), device)
+        cards.simulate(card_gb, device)
     record = {"route": route, "quant": quant, "model": str(source), "card_gb": card_gb,
               "ple": route.split("-")[1] if route.startswith("ple-") else None,
               "config_sha256": config_sha256(path)}
     torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
     try:
-        model = _load(route, path, quant, index)
+        with PeakSampler() as host_load:
+            model = _load(route, path, quant, index)
     except torch.OutOfMemoryError as err:
         record.update(load_error=f"OutOfMemoryError: {str(err).splitlines()[0]}", load_oom=True)
         return record
@@ -179,35 +225,52 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
         resident_bytes=after_load["allocated_bytes"],
         reserved_bytes=after_load["reserved_bytes"],
         peak_load_bytes=after_load["peak_bytes"],
+        host_load_anon_peak_bytes=host_load.peaks.anon_bytes,
+        host_load_file_peak_bytes=host_load.peaks.file_bytes,
         placement=placement.report(model).as_dict()["bytes_by_device"],
     )
     tokenizer = loading.load_tokenizer(path)
-
-    record["prefill"] = [prefill_peak(model, tokenizer, context, device) for context in contexts]
-
-    if new_tokens:
-        torch.cuda.reset_peak_memory_stats(device)
-        runs = [greedy(model, tokenizer, new_tokens) for _ in range(decode_runs + (1 if decode_runs > 1 else 0))]
-        timed = runs[1:] if decode_runs > 1 else runs  # the first of several is the warm-up
-        speeds = sorted(1 / r["seconds_per_token"] for r in timed)
-        decoded = runs[0]
-        if len({r["sha256"] for r in runs}) != 1:
-            record["greedy_unstable"] = True  # the same greedy run gave different tokens: a bug, not noise
-        record.update(
-            greedy_tokens=decoded["tokens"],
-            greedy_token_count=len(decoded["tokens"]),
-            greedy_sha256=decoded["sha256"],
-            seconds_per_token=round(decoded["seconds_per_token"], 4),
-            decode_tokens_per_s=round(speeds[len(speeds) // 2], 2),
-            peak_generate_bytes=torch.cuda.max_memory_allocated(device),
-        )
-
-    if search_max_context:
-        text_config = getattr(model.config, "text_config", model.config)
-        limit = max_context_limit or text_config.max_position_embeddings
-        record["max_context"] = largest_true(512, limit, lambda context: fits_context(model, tokenizer, context, device))
-        record["max_context_limit"] = limit
+    nudge = (ple_row_nudged(model, int(prompt_ids(tokenizer, 32, "cpu")[0, -1])) if route == "ple-cpu-nudged"
+             else contextlib.nullcontext())
+    with nudge:
+        _measure_loaded(model, tokenizer, device, record, new_tokens=new_tokens, contexts=contexts, decode_runs=decode_runs,
+                        logits_out=logits_out)
+        if search_max_context:
+            text_config = getattr(model.config, "text_config", model.config)
+            limit = max_context_limit or text_config.max_position_embeddings
+            record["max_context"] = largest_true(512, limit, lambda context: fits_context(model, tokenizer, context, device))
+            record["max_context_limit"] = limit
+    record["host_process_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return record
+
+
+def _measure_loaded(model, tokenizer, device, record: dict, *, new_tokens: int, contexts, decode_runs: int, logits_out):
+    record["prefill"] = [prefill_peak(model, tokenizer, context, device) for context in contexts]
+    if not new_tokens:
+        return
+    identity = greedy(model, tokenizer, new_tokens, keep_logits=True)  # untimed: keeping logits costs time and memory
+    if logits_out is not None:
+        torch.save(identity["logits"], logits_out)
+    torch.cuda.reset_peak_memory_stats(device)
+    with PeakSampler() as host_generate:
+        runs = [greedy(model, tokenizer, new_tokens) for _ in range(decode_runs + (1 if decode_runs > 1 else 0))]
+    timed = runs[1:] if decode_runs > 1 else runs  # the first of several is the warm-up
+    speeds = sorted(1 / r["seconds_per_token"] for r in timed)
+    if len({r["sha256"] for r in runs} | {identity["sha256"]}) != 1:
+        record["greedy_unstable"] = True  # the same greedy run gave different tokens: a bug, not noise
+    record.update(
+        greedy_tokens=identity["tokens"],
+        greedy_token_count=len(identity["tokens"]),
+        greedy_distinct_tokens=identity["distinct_tokens"],
+        greedy_sha256=identity["sha256"],
+        logits_sha256=identity["logits_sha256"],
+        logits_finite=identity["logits_finite"],
+        seconds_per_token=round(1 / speeds[len(speeds) // 2], 4),
+        decode_tokens_per_s=round(speeds[len(speeds) // 2], 2),
+        peak_generate_bytes=torch.cuda.max_memory_allocated(device),
+        host_generate_anon_peak_bytes=host_generate.peaks.anon_bytes,
+        host_generate_file_peak_bytes=host_generate.peaks.file_bytes,
+    )
 
 
 def main(argv=None) -> int:
@@ -220,6 +283,7 @@ def main(argv=None) -> int:
     parser.add_argument("--card-gb", type=float, default=None, help="simulate a card of this many GB")
     parser.add_argument("--decode-runs", type=int, default=1, help="median decode speed over this many runs after a warm-up")
     parser.add_argument("--search-max-context", action="store_true", help="bisect the largest context that runs")
+    parser.add_argument("--logits-out", type=Path, default=None, help="save the greedy run's logits (torch.save) here")
     parser.add_argument("--json", type=Path, required=True, help="where to write the record")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -227,7 +291,7 @@ def main(argv=None) -> int:
         return 2
     record = measure(
         args.model, args.quant, args.route, new_tokens=args.new_tokens, contexts=args.context, card_gb=args.card_gb,
-        decode_runs=args.decode_runs, search_max_context=args.search_max_context,
+        decode_runs=args.decode_runs, search_max_context=args.search_max_context, logits_out=args.logits_out,
     )
     record.update(environment(), command=" ".join(["python -m helpers.measure", *(argv or sys.argv[1:])]))
     args.json.parent.mkdir(parents=True, exist_ok=True)

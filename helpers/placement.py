@@ -8,6 +8,7 @@ the gathered rows to the GPU gives the same numbers bit for bit, at a fraction o
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import warnings
 from collections import defaultdict
@@ -48,37 +49,67 @@ def require_ple(model) -> list[str]:
 
 # ---------------------------------------------------------------- device maps
 
-def modules_matched_by(key: str, module_names) -> list[str]:
-    """What transformers places with a device-map key: every module whose name starts with it.
+def key_for_each_name(device_map: dict, names) -> dict:
+    """Which device-map key places each parameter name, by transformers' own rule
+    (``expand_device_map`` in 5.5-5.24): keys are tried most dots first, then longest first, each
+    as a regular expression matched at the start of the name, with no dot boundary; a name no key
+    matches falls to the ``""`` key (else the CPU). ``None`` marks such names."""
+    ordered = sorted((key for key in device_map if key != ""), key=lambda key: (key.count("."), len(key)), reverse=True)
+    if not ordered:
+        return dict.fromkeys(names)
+    pattern = re.compile("|".join(f"({key})" for key in ordered))
+    matched = {}
+    for name in names:
+        found = pattern.match(name)
+        matched[name] = ordered[found.lastindex - 1] if found else None
+    return matched
 
-    The match is a plain string prefix, so ``...embed_tokens`` also catches
-    ``...embed_tokens_per_layer``.
-    """
-    if key == "":
-        return list(module_names)
-    return [name for name in module_names if name.startswith(key)]
+
+def modules_matched_by(key: str, names) -> list[str]:
+    """The names a device-map key would catch on its own (a bare string prefix, as transformers
+    matches): ``...embed_tokens`` alone also catches ``...embed_tokens_per_layer``."""
+    return [name for name, found in key_for_each_name({key: 0}, names).items() if found == key or key == ""]
 
 
-def validate_device_map(model, device_map: dict, *, allow_broad_prefix: bool = False) -> None:
-    """Refuse keys that match no module (transformers ignores them silently) and, unless
-    allowed, keys that catch modules outside their own subtree."""
-    names = [name for name, _ in model.named_modules() if name]
+def nearest_names(key: str, names, n: int = 3) -> list[str]:
+    """Real names a mistyped key probably meant: those ending in the key's own tail first (a key
+    written for another architecture misses a level, e.g. ``model.layers.1``), then by similarity."""
+    tail = key.split(".", 1)[-1]
+    same_tail = [name for name in names if name == tail or name.endswith("." + tail)]
+    return difflib.get_close_matches(key, same_tail or names, n=n, cutoff=0.0)
+
+
+def validate_device_map(model, device_map: dict) -> None:
+    """Refuse a map that would not do what it says, under the rules transformers and accelerate
+    really apply: a key that names no module or parameter (transformers ignores it, accelerate only
+    warns), a key that catches a parameter outside its own subtree (transformers matches by bare
+    prefix: ``layers.1`` catches ``layers.10`` unless ``layers.10`` has its own key), and a
+    parameter no key covers (accelerate's ``check_device_map`` refuses it after a long load)."""
+    modules = [name for name, _ in model.named_modules() if name]
+    tensors = list(model.state_dict().keys())
+    known = set(modules) | set(tensors)
     for key in device_map:
-        matched = modules_matched_by(key, names)
-        if not matched:
-            closest = difflib.get_close_matches(key, names, n=1, cutoff=0.0)
-            hint = f" Did you mean {closest[0]!r}?" if closest else ""
+        if key and key not in known:
+            nearest = nearest_names(key, modules)
             raise DeviceMapKeyError(
-                f"device_map key {key!r} matches no module of {type(model).__name__}, so transformers would "
-                f"ignore it.{hint}"
+                f"device_map key {key!r} names no module of {type(model).__name__}, so transformers would ignore it; "
+                f"the nearest real names are {', '.join(map(repr, nearest))}."
             )
-        if key and not allow_broad_prefix:
-            outside = [n for n in matched if n != key and not n.startswith(key + ".")]
-            if outside:
-                raise DeviceMapKeyError(
-                    f"device_map key {key!r} also catches {outside[0]!r} (keys match by string prefix); "
-                    f"use the full module names instead."
-                )
+    owners = key_for_each_name(device_map, tensors)
+    for tensor, key in owners.items():
+        if key is not None and tensor != key and not tensor.startswith(key + "."):
+            module = tensor.rsplit(".", 1)[0]
+            raise DeviceMapKeyError(
+                f"device_map key {key!r} also catches {tensor!r} (transformers matches keys as a bare prefix): "
+                f"give {module!r} its own key."
+            )
+    if "" not in device_map:
+        uncovered = [tensor for tensor, key in owners.items() if key is None]
+        if uncovered:
+            raise DeviceMapKeyError(
+                f"device_map gives no device for {len(uncovered)} tensor(s), e.g. {uncovered[0]!r} (accelerate "
+                f"refuses such a map after loading): add a key for its module or a \"\" key for the rest."
+            )
 
 
 def ple_device_map(model, compute_device, ple_device="cpu") -> dict:

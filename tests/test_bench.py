@@ -33,14 +33,15 @@ def test_dry_run_lists_measure_commands_without_a_gpu():
     assert all(line.startswith("-m helpers.measure") and "--search-max-context" in line for line in lines)
 
 
-def fake_runner(mismatch=False, crash_on=None):
+def fake_runner(mismatch=False, crash_on=None, logits_mismatch=False):
     def run(config):
         if crash_on == config.ple:
             return {"crashed": "exit 1: boom"}
         resident = 3.9e9 if config.ple == "cpu" else 9.5e9
         return {"resident_bytes": resident, "decode_tokens_per_s": 9.0,
                 "prefill": [{"context": c, "peak_bytes": resident + 1.7e9, "tokens_per_s": 4000.0} for c in config.contexts],
-                "greedy_sha256": "b" if (mismatch and config.ple == "cpu") else "a", "greedy_tokens": [1, 2]}
+                "greedy_sha256": "b" if (mismatch and config.ple == "cpu") else "a", "greedy_tokens": [1, 2],
+                "logits_sha256": "y" if (logits_mismatch and config.ple == "cpu") else "x", "greedy_distinct_tokens": 2}
     return run
 
 
@@ -59,6 +60,13 @@ def test_records_accumulate_and_ratios_compare_placements_from_the_same_run(tmp_
 def test_a_greedy_mismatch_between_placements_is_reported(tmp_path):
     _, comparisons = bench.run_preset("quick", runner=fake_runner(mismatch=True), directory=tmp_path)
     assert [c.greedy_match for c in comparisons] == [False]
+
+
+def test_logits_that_differ_are_reported_even_when_the_greedy_tokens_agree(tmp_path):
+    _, comparisons = bench.run_preset("quick", runner=fake_runner(logits_mismatch=True), directory=tmp_path)
+    assert [(c.greedy_match, c.logits_match) for c in comparisons] == [(True, False)]
+    _, same = bench.run_preset("quick", runner=fake_runner(), directory=tmp_path / "same")
+    assert [(c.greedy_match, c.logits_match) for c in same] == [(True, True)]
 
 
 def test_a_crashed_configuration_is_recorded_as_a_result_not_raised(tmp_path):

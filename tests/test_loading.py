@@ -86,3 +86,37 @@ def test_load_processor_gives_something_that_applies_the_chat_template(tiny_path
     processor = loading.load_processor("tiny")
     out = tiny_prompt(processor)
     assert out["input_ids"].shape[0] == 1
+
+
+@pytest.mark.parametrize("quant", ["bf16", "nf4"])
+def test_ple_on_cpu_gives_bit_identical_logits_at_every_step_and_a_one_ulp_control_does_not(loaded, tiny_tokenizer, quant):
+    from helpers import measure
+
+    reference = measure.greedy(loaded(quant, "gpu"), tiny_tokenizer, 48, keep_logits=True)
+    offloaded = loaded(quant, "cpu")
+    same = measure.compare_logits(reference["logits"], measure.greedy(offloaded, tiny_tokenizer, 48, keep_logits=True)["logits"])
+    assert same == {"identical": True, "max_abs_diff": 0.0, "steps": 48}
+    last_prompt_token = int(measure.prompt_ids(tiny_tokenizer, 32, "cpu")[0, -1])
+    with measure.ple_row_nudged(offloaded, last_prompt_token):
+        nudged = measure.greedy(offloaded, tiny_tokenizer, 48, keep_logits=True)
+    control = measure.compare_logits(reference["logits"], nudged["logits"])
+    assert control["identical"] is False and control["max_abs_diff"] > 0
+    again = measure.greedy(offloaded, tiny_tokenizer, 48, keep_logits=True)  # the nudge is undone on exit
+    assert again["logits_sha256"] == reference["logits_sha256"]
+    assert reference["distinct_tokens"] >= 10  # what is compared varies
+
+
+def test_the_course_map_passes_its_own_validator_when_given_back_to_load_model(tiny_path):
+    from helpers import models, weights
+
+    course_map = placement.ple_device_map(weights.meta_model(models.load_config("tiny")), "cpu")
+    model = loading.load_model("tiny", quant="bf16", ple="cpu", device="cpu", device_map=course_map)
+    assert placement.has_cpu_lookup(model.get_submodule("model.language_model.embed_tokens_per_layer"))
+
+
+def test_a_gpu_without_native_bf16_gets_fp16_4_bit_compute_and_the_cpu_keeps_bf16(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # a T4
+    assert loading.default_compute_dtype(torch.device("cuda", 0)) == torch.float16
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))  # an RTX 4060
+    assert loading.default_compute_dtype(torch.device("cuda", 0)) == torch.bfloat16
+    assert loading.default_compute_dtype(torch.device("cpu")) == torch.bfloat16

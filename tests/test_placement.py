@@ -25,9 +25,58 @@ def test_ple_device_map_covers_every_parameter_exactly_as_accelerate_checks(e4b_
     check_device_map(e4b_meta, placement.ple_device_map(e4b_meta, 0))  # raises if anything is left out
 
 
-def test_a_key_that_matches_no_module_is_refused_and_the_closest_module_named(e4b_meta):
+def test_a_key_that_matches_no_module_is_refused_and_the_nearest_real_names_given(e4b_meta):
     with pytest.raises(DeviceMapKeyError, match="model.language_model.embed_tokens_per_layer"):
-        placement.validate_device_map(e4b_meta, {"model.language_model.embed_tokens_per_layers": "cpu"})
+        placement.validate_device_map(e4b_meta, {"": 0, "model.language_model.embed_tokens_per_layers": "cpu"})
+
+
+def test_the_maintainers_example_keys_name_no_gemma_4_module_and_are_refused(e4b_meta):
+    # the seed issue's reply: {"model.layers.1": 0, ...}; Gemma 4 nests its decoder under language_model
+    with pytest.raises(DeviceMapKeyError, match="model.language_model.layers"):
+        placement.validate_device_map(e4b_meta, {"model.layers.1": 0, "model.layers.31": "cpu", "lm_head": 0})
+
+
+def seed_style_map(model) -> dict:
+    """The seed issue's advice done right for Gemma 4: every part by its full name, each decoder layer
+    its own key, the PLE table on the CPU."""
+    device_map = {key: 0 for key in placement.ple_device_map(model, 0) if key != "model.language_model.layers"}
+    layers = model.get_submodule("model.language_model.layers")
+    device_map.update({f"model.language_model.layers.{i}": 0 for i in range(len(layers))})
+    device_map["model.language_model.embed_tokens_per_layer"] = "cpu"
+    return device_map
+
+
+def auto_map(model) -> dict:
+    return placement.auto_device_map(model, {0: "7GiB", "cpu": "48GiB"})
+
+
+@pytest.mark.parametrize("build", [lambda m: placement.ple_device_map(m, 0), seed_style_map, auto_map],
+                         ids=["the course's map", "the seed issue's per-module map", "accelerate's infer_auto_device_map"])
+def test_real_per_module_maps_are_accepted(e4b_meta, build):
+    placement.validate_device_map(e4b_meta, build(e4b_meta))
+
+
+@pytest.mark.parametrize("build", [lambda m: placement.ple_device_map(m, 0), seed_style_map, auto_map,
+                                   lambda m: {"": 0, "model.language_model.layers.1": "cpu"}],
+                         ids=["course", "seed", "auto", "layers.1 alone"])
+def test_the_key_matching_rule_is_exactly_transformers_own_on_this_version(e4b_meta, build):
+    # a drift test: if transformers changes how keys match parameter names, this fails
+    from transformers.integrations.accelerate import expand_device_map
+
+    device_map = build(e4b_meta)
+    names = list(e4b_meta.state_dict().keys())
+    ours = {name: device_map[key] if key is not None else device_map.get("", "cpu")
+            for name, key in placement.key_for_each_name(device_map, names).items()}
+    assert ours == expand_device_map(device_map, names)
+
+
+def test_layers_1_also_catches_layers_10_to_19_when_they_have_no_key_of_their_own(e4b_meta):
+    names = list(e4b_meta.state_dict().keys())
+    caught = {name.split(".")[3] for name, key in placement.key_for_each_name(
+        {"": 0, "model.language_model.layers.1": "cpu"}, names).items() if key}
+    assert caught == {"1", *(str(i) for i in range(10, 20))}
+    with pytest.raises(DeviceMapKeyError, match="layers.10"):
+        placement.validate_device_map(e4b_meta, {"": 0, "model.language_model.layers.1": "cpu"})
 
 
 def test_a_prefix_key_that_also_catches_the_ple_table_is_refused(e4b_meta):
@@ -35,7 +84,18 @@ def test_a_prefix_key_that_also_catches_the_ple_table_is_refused(e4b_meta):
     caught = placement.modules_matched_by("model.language_model.embed_tokens", names)
     assert "model.language_model.embed_tokens_per_layer" in caught  # transformers matches by string prefix
     with pytest.raises(DeviceMapKeyError, match="also catches"):
-        placement.validate_device_map(e4b_meta, {"model.language_model.embed_tokens": 0})
+        placement.validate_device_map(e4b_meta, {"": 0, "model.language_model.embed_tokens": "cpu"})
+
+
+def test_a_map_that_leaves_tensors_without_a_device_is_refused_before_loading(e4b_meta):
+    from accelerate.utils import check_device_map
+
+    partial = {k: v for k, v in placement.ple_device_map(e4b_meta, 0).items() if k != "lm_head"}
+    del partial["model.language_model.norm"]
+    with pytest.raises(ValueError):
+        check_device_map(e4b_meta, partial)  # what accelerate says, after the load
+    with pytest.raises(DeviceMapKeyError, match="no device"):
+        placement.validate_device_map(e4b_meta, partial)
 
 
 def test_cpu_lookup_is_bit_identical_to_the_embedding_it_replaces():

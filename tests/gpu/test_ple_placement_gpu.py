@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from helpers.bench import Configuration
+from helpers.measure import compare_logits
 from helpers.paths import GPU_TIER_DIR
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -26,7 +27,12 @@ ROUTES = {  # the benchmark's own command builder, so the tier measures exactly 
     "post-load": Configuration(MODEL, QUANT, "cpu", contexts=(PREFILL,), new_tokens=NEW_TOKENS, route="post-load"),
     "cpu-entry": Configuration(MODEL, QUANT, "cpu", contexts=(512,), new_tokens=4, route="cpu-entry"),
     "no-flag": Configuration(MODEL, QUANT, "cpu", new_tokens=0, route="no-flag"),
+    # the control: one PLE row one bf16 ulp off; the identity check must call it different
+    "ple-cpu-nudged": Configuration(MODEL, QUANT, "cpu", new_tokens=NEW_TOKENS, route="ple-cpu-nudged"),
+    # what a T4 runs: 4-bit layers computing in fp16
+    "ple-cpu-fp16": Configuration(MODEL, QUANT, "cpu", new_tokens=NEW_TOKENS, route="ple-cpu-fp16"),
 }
+LOGIT_ROUTES = ("ple-gpu", "ple-cpu", "post-load", "ple-cpu-nudged", "ple-cpu-fp16")
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +49,8 @@ def routes(tmp_path_factory):
     running = {}
     for route, configuration in ROUTES.items():
         target = out / f"{route}.json"
-        running[route] = (subprocess.Popen(configuration.command(target)), target)
+        logits = out / f"{route}.logits.pt" if route in LOGIT_ROUTES else None
+        running[route] = (subprocess.Popen(configuration.command(target, logits)), target)
     cache: dict = {}
     for route, (process, target) in running.items():
         try:
@@ -52,6 +59,10 @@ def routes(tmp_path_factory):
             process.kill()
             returncode = None
         cache[route] = without_timings(json.loads(target.read_text()), len(running)) if returncode == 0 else None
+    reference = torch.load(out / "ple-gpu.logits.pt") if cache.get("ple-gpu") else None
+    for route in LOGIT_ROUTES[1:]:
+        if reference is not None and cache.get(route):
+            cache[route]["logits_vs_ple_gpu"] = compare_logits(reference, torch.load(out / f"{route}.logits.pt"))
 
     def run(route):
         if cache[route] is None:
@@ -86,10 +97,41 @@ def test_ple_on_cpu_never_reaches_the_gpu_while_loading(routes):
     assert cpu["peak_load_bytes"] < gpu["resident_bytes"] - 0.9 * ple_table_bytes(cpu)
 
 
-def test_ple_on_cpu_greedy_output_is_bit_identical_over_256_tokens(routes):
+def test_ple_on_cpu_logits_are_bit_identical_to_ple_on_gpu_at_every_one_of_256_steps(routes):
     gpu, cpu = routes("ple-gpu"), routes("ple-cpu")
-    assert len(cpu["greedy_tokens"]) >= 256
+    assert cpu["logits_vs_ple_gpu"] == {"identical": True, "max_abs_diff": 0.0, "steps": NEW_TOKENS}
     assert cpu["greedy_tokens"] == gpu["greedy_tokens"]
+
+
+def test_what_is_compared_varies_so_a_broken_lookup_could_not_hide(routes):
+    # a random-weight model that repeats one token would agree with any broken placement
+    assert routes("ple-gpu")["greedy_distinct_tokens"] >= 50
+
+
+def test_one_ple_row_one_ulp_off_is_reported_as_different(routes):
+    control = routes("ple-cpu-nudged")["logits_vs_ple_gpu"]
+    assert control["identical"] is False and control["max_abs_diff"] > 0
+
+
+def test_fp16_compute_as_on_a_t4_keeps_every_logit_finite_over_256_tokens(routes):
+    record = routes("ple-cpu-fp16")
+    assert record["logits_finite"] is True and record["greedy_token_count"] == NEW_TOKENS
+    assert record["greedy_distinct_tokens"] >= 50
+
+
+def test_the_cpu_lookup_returns_exactly_the_rows_the_gpu_embedding_computes():
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextScaledWordEmbedding
+
+    from helpers import placement
+
+    torch.manual_seed(0)
+    table = Gemma4TextScaledWordEmbedding(4096, 256, padding_idx=0, embed_scale=16.0).to("cuda", torch.bfloat16)
+    ids = torch.randint(0, 4096, (3, 97), device="cuda")
+    expected = table(ids)
+    placement.install_cpu_lookup(table, "cuda")
+    got = table(ids)
+    assert table.weight.device.type == "cpu" and got.device.type == "cuda"
+    assert torch.equal(got, expected) and torch.count_nonzero(got) > 0.9 * got.numel()
 
 
 def test_ple_on_cpu_lowers_the_long_prefill_peak(routes):
@@ -120,4 +162,4 @@ def test_post_load_offload_frees_allocated_but_not_reserved_memory(routes):
     assert abs(post["resident_bytes"] - cpu["resident_bytes"]) < 0.05 * table
     assert post["reserved_bytes"] > post["resident_bytes"] + 0.9 * table
     assert post["peak_load_bytes"] >= gpu["resident_bytes"] - 0.02 * table
-    assert post["greedy_tokens"] == gpu["greedy_tokens"]
+    assert post["logits_vs_ple_gpu"]["identical"] is True

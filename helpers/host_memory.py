@@ -1,0 +1,82 @@
+"""Host memory: what a process holds in RAM, split the way the operating system counts it.
+
+Anonymous memory (``RssAnon``: Python objects, tensors on the CPU, pinned buffers) is what runs a
+12.7 GB Colab VM out of memory. File-backed memory (``RssFile``: the safetensors shards mapped
+while loading) sits in the page cache and the kernel can drop it under pressure. Peaks are sampled
+from ``/proc/self/status`` on Linux; elsewhere only the total resident size is known.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+STATUS = "/proc/self/status"
+FIELDS = {"RssAnon": "anon_bytes", "RssFile": "file_bytes", "RssShmem": "shmem_bytes"}
+
+
+def current() -> dict:
+    """This process's resident memory now: anonymous, file-backed and shared bytes (Linux), or the
+    total (``rss_bytes``) where ``/proc`` does not exist."""
+    if os.path.exists(STATUS):
+        values = {}
+        with open(STATUS) as status:
+            for line in status:
+                key, _, rest = line.partition(":")
+                if key in FIELDS:
+                    values[FIELDS[key]] = int(rest.split()[0]) * 1024
+        return values
+    import psutil
+
+    return {"rss_bytes": psutil.Process().memory_info().rss}
+
+
+def total_ram_bytes() -> int:
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+@dataclass
+class Peaks:
+    anon_bytes: int | None = None
+    file_bytes: int | None = None
+    rss_bytes: int | None = None
+
+
+class PeakSampler:
+    """Sample ``current()`` every ``interval_s`` in a thread and keep each field's peak::
+
+        with PeakSampler() as load:
+            model = load_model(...)
+        load.peaks.anon_bytes
+    """
+
+    def __init__(self, interval_s: float = 0.02):
+        self.interval_s = interval_s
+        self.peaks = Peaks()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        for key, value in current().items():
+            key = key if key in ("anon_bytes", "file_bytes", "rss_bytes") else None
+            if key and (getattr(self.peaks, key) is None or value > getattr(self.peaks, key)):
+                setattr(self.peaks, key, value)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> PeakSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
