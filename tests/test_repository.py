@@ -1,5 +1,6 @@
 """Contracts over the repository itself: figures are rendered, not typed; the project never reads ../shared."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -52,13 +53,13 @@ def test_a_notebook_with_one_failing_cell_is_recorded_as_failed_with_the_run_dat
     junit.write_text(
         '<testsuites><testsuite timestamp="2026-11-29T19:25:03+00:00">'
         '<testcase classname="notebooks.01_download.ipynb" name="Cell 0" />'
-        '<testcase classname="notebooks.06_memory_profiling.ipynb" name="Cell 0" />'
-        '<testcase classname="notebooks.06_memory_profiling.ipynb" name="Cell 1"><failure message="boom" /></testcase>'
+        '<testcase classname="notebooks.06_memory_profiling.ipynb" name="Cell 0" time="2.5" />'
+        '<testcase classname="notebooks.06_memory_profiling.ipynb" name="Cell 1" time="1.0"><failure message="boom" /></testcase>'
         '</testsuite></testsuites>')
     tool = _tool("record_nbval")
     summary = tool.summarise(junit)
     assert summary["01_download.ipynb"]["result"] == "pass"
-    assert summary["06_memory_profiling.ipynb"] == {"passed": 1, "failed": 1, "skipped": 0, "result": "fail"}
+    assert summary["06_memory_profiling.ipynb"] == {"passed": 1, "failed": 1, "skipped": 0, "seconds": 3.5, "result": "fail"}
     assert tool.run_date(junit) == "2026-11-29"
 
 
@@ -74,3 +75,19 @@ def test_a_gpu_run_over_ten_minutes_is_recorded_as_over_the_budget():
     assert tool.summary(512, 0, 0, environment)["within_limit"] is True
     slow = tool.summary(640, 0, 1, environment)
     assert slow["within_limit"] is False and slow["notebooks"] == "fail" and slow["gpu_tier"] == "pass"
+
+
+def test_each_card_run_keeps_its_own_column_and_a_rerun_replaces_only_its_own(tmp_path, monkeypatch):
+    tool = _tool("record_nbval")
+    junit = tmp_path / "run.xml"
+    monkeypatch.setattr(tool, "GPU_TIER_DIR", tmp_path)
+    monkeypatch.setattr(tool, "environment_from", lambda path: {"gpu": "G", "gpu_total_bytes": 1, "versions": {}})
+    for card, seconds in (("8", 3), ("15", 4), ("", 5), ("8", 6)):
+        junit.write_text('<testsuites><testsuite timestamp="2026-11-30T10:00:00+00:00"><testcase '
+                         f'classname="notebooks.05_ple_offload.ipynb" name="Cell 0" time="{seconds}" /></testsuite></testsuites>')
+        monkeypatch.setenv("CARD_GB", card)
+        assert tool.main([str(junit), "--environment-from", str(junit)]) == 0
+    recorded = json.loads((tmp_path / "notebooks-e4b-shape.json").read_text())
+    assert {label: card["05_ple_offload.ipynb"]["seconds"] for label, card in recorded["cards"].items()} == {
+        "8 GB": 6.0, "15 GB": 4.0, "uncapped": 5.0}
+    assert not list(tmp_path.glob("*.lock"))

@@ -1,6 +1,6 @@
-"""Turn nbval's JUnit XML from a GPU run into data/gpu-tier/notebooks-<model>.json: pass/fail per
-notebook, each with its own date, GPU and versions. Runs accumulate: a notebook's entry is
-replaced only when that notebook ran again.
+"""Turn nbval's JUnit XML from a GPU run into data/gpu-tier/notebooks-<model>.json: pass/fail, cells
+and seconds per notebook and per simulated card ($CARD_GB, or the whole GPU), each with its own date,
+GPU and versions. Runs accumulate: an entry is replaced only when that notebook ran again on that card.
 
     python tools/record_nbval.py build/nbval-gpu.xml
     python tools/record_nbval.py run.xml --environment-from data/measurements/e4b-shape.jsonl --command "..."
@@ -23,13 +23,21 @@ from helpers.paths import GPU_TIER_DIR  # noqa: E402
 
 
 def summarise(junit: Path) -> dict:
-    cells: dict = defaultdict(lambda: {"passed": 0, "failed": 0, "skipped": 0})
+    cells: dict = defaultdict(lambda: {"passed": 0, "failed": 0, "skipped": 0, "seconds": 0.0})
     for case in ET.parse(junit).getroot().iter("testcase"):
         notebook = case.get("classname", "?").split(".ipynb")[0].split(".")[-1] + ".ipynb"
         outcome = "failed" if case.find("failure") is not None or case.find("error") is not None else (
             "skipped" if case.find("skipped") is not None else "passed")
         cells[notebook][outcome] += 1
-    return {name: {**counts, "result": "pass" if counts["failed"] == 0 else "fail"} for name, counts in sorted(cells.items())}
+        cells[notebook]["seconds"] += float(case.get("time") or 0)
+    return {name: {**counts, "seconds": round(counts["seconds"], 1), "result": "pass" if counts["failed"] == 0 else "fail"}
+            for name, counts in sorted(cells.items())}
+
+
+def card_label() -> str:
+    """The simulated card a run used: $CARD_GB in GB, or "uncapped" for the whole GPU."""
+    card = os.environ.get("CARD_GB") or ""
+    return f"{float(card):g} GB" if card else "uncapped"
 
 
 def run_date(junit: Path) -> str | None:
@@ -54,21 +62,36 @@ def main(argv) -> int:
     args = parser.parse_args(argv)
     model = os.environ.get("GEMMA_MODEL", "e4b-shape")
     target = GPU_TIER_DIR / f"notebooks-{model}.json"
-    record = json.loads(target.read_text()) if target.is_file() else {"model": model, "notebooks": {}}
+    from filelock import FileLock
+
+    with FileLock(str(target) + ".lock"):  # the cards' runs finish side by side
+        record = json.loads(target.read_text()) if target.is_file() else {"model": model, "cards": {}}
+        if "notebooks" in record:  # written before runs were kept per card: the whole GPU
+            record.setdefault("cards", {})["uncapped"] = record.pop("notebooks")
+        card = record.setdefault("cards", {}).setdefault(card_label(), {})
+        record_run(record, card, args, context_for(args, model))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    Path(str(target) + ".lock").unlink(missing_ok=True)
+    print(card_label(), json.dumps({name: entry["result"] for name, entry in card.items()}))
+    return 0
+
+
+def context_for(args, model: str) -> dict:
     if args.environment_from:
         context = environment_from(args.environment_from)
     else:
         from helpers.records import environment
 
         context = environment()
-    context["command"] = args.command or f"GPU_RECORD=1 GEMMA_MODEL={model} make test-gpu-notebooks"
+    context["command"] = args.command or f"GPU_RECORD=1 GEMMA_MODEL={model} CARD_GB={os.environ.get('CARD_GB', '')} make test-gpu-notebooks"
     context["date"] = run_date(args.junit) or context.get("date")
+    return context
+
+
+def record_run(record: dict, card: dict, args, context: dict) -> None:
     for name, counts in summarise(args.junit).items():
-        record["notebooks"][name] = {**counts, **context}
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    print(json.dumps({name: entry["result"] for name, entry in record["notebooks"].items()}))
-    return 0
+        card[name] = {**counts, **context}
 
 
 if __name__ == "__main__":

@@ -92,16 +92,32 @@ def render_record_set(name: str, records: dict) -> str:
     return "\n".join(lines).rstrip()
 
 
+def card_order(label: str) -> float:
+    return float(label.split()[0]) if label != "uncapped" else float("inf")
+
+
 def render_notebooks(record: dict) -> str:
-    lines = [f"**Notebooks under nbval** with `GEMMA_MODEL={record['model']}`:", "",
-             "| notebook | result | cells passed | GPU | date | transformers | bitsandbytes |", "|---|---|---|---|---|---|---|"]
-    for name, entry in sorted(record["notebooks"].items()):
-        lines.append(f"| `{name}` | {entry['result']} | {entry['passed']}/{entry['passed'] + entry['failed']} | {entry['gpu']} | "
-                     f"{entry['date']} | {entry['versions']['transformers']} | {entry['versions']['bitsandbytes']} |")
-    commands = sorted({entry["command"] for entry in record["notebooks"].values()})
-    recorded_by = [f"Recorded by `{command}` ({', '.join(n for n, e in sorted(record['notebooks'].items()) if e['command'] == command)})."
-                   for command in commands]
-    return "\n".join(lines + [""] + recorded_by)
+    cards = record.get("cards") or {"uncapped": record["notebooks"]}
+    labels = sorted(cards, key=card_order)
+    names = sorted({name for card in cards.values() for name in card})
+    lines = [f"**Notebooks under nbval on the learners' cards** with `GEMMA_MODEL={record['model']}` (each kernel capped "
+             "with `CARD_GB`, `torch.cuda.set_per_process_memory_fraction`): result, cells passed, seconds.", "",
+             "| notebook | " + " | ".join(label if label == "uncapped" else f"{label} card" for label in labels) + " |",
+             "|---|" + "---|" * len(labels)]
+    for name in names:
+        cells = []
+        for label in labels:
+            entry = cards[label].get(name)
+            cells.append("not run" if entry is None else
+                         f"{entry['result']} {entry['passed']}/{entry['passed'] + entry['failed']}"
+                         + (f", {entry['seconds']:.0f} s" if "seconds" in entry else ""))
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    entries = [entry for card in cards.values() for entry in card.values()]
+    runs = sorted({(e["gpu"], e["date"], e["versions"]["transformers"], e["versions"]["bitsandbytes"], e["command"])
+                   for e in entries})
+    lines.append("")
+    lines += [f"On {gpu}, {date}, transformers {tf}, bitsandbytes {bnb}: `{command}`." for gpu, date, tf, bnb, command in runs]
+    return "\n".join(lines)
 
 
 def _peak_at(record, context):
