@@ -2,7 +2,8 @@
 
 Imports point down this list, never up:
 
-    errors, paths, cards           the exception family; where files live; the learners' cards
+    errors, paths, noise           the exception family; where files live; expected messages, silenced
+    cards, host_memory             the learners' cards (and simulating one); host RAM, anonymous and file-backed
     synthetic, download            random-weight checkpoints of the real shapes; downloading with retries
     models                         where a checkpoint comes from: hub id, folder or synthetic name; its config
     placement, quantization        device maps and the PLE offload; bitsandbytes configs

@@ -40,7 +40,7 @@ def simulate(card_gb=None, device=0) -> float | None:
 
     gb = requested_card_gb(card_gb)
     if gb is None or not torch.cuda.is_available():
-        return gb if gb is None else None
+        return None
     total = torch.cuda.get_device_properties(device).total_memory
     if gb * 1e9 > total:
         raise CourseError(f"This GPU has {total / 1e9:.1f} GB, less than the {gb:g} GB card asked for: "
@@ -60,3 +60,37 @@ def cap_in_force(device=0) -> float | None:
     if fraction >= 1.0:
         return None
     return fraction * torch.cuda.get_device_properties(device).total_memory / 1e9
+
+
+def budget_bytes(device) -> int:
+    """Bytes this process may still allocate on ``device``: the free memory, and under a simulated
+    card what the cap leaves after what PyTorch already reserved."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if get_fraction is not None:
+        free = min(free, int(get_fraction(device) * total) - torch.cuda.memory_reserved(device))
+    return free
+
+
+def max_memory(device=0) -> dict:
+    """What ``device_map="auto"`` would be given on this card: the GPU's budget and the host's free RAM.
+    (accelerate reads ``torch.cuda.mem_get_info``, which knows nothing of a simulated card's cap.)"""
+    import psutil
+
+    return {device: budget_bytes(device), "cpu": psutil.virtual_memory().available}
+
+
+def describe(device=0) -> str:
+    """One line for a notebook's first output: which GPU this kernel sees, and the card it simulates."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU: the notebooks run the tiny model on the CPU"
+    name = torch.cuda.get_device_name(device)
+    cap = cap_in_force(device)
+    if cap is None:
+        total = torch.cuda.get_device_properties(device).total_memory
+        return f"{name}, {total / 1e9:.1f} GB, no card simulated (set CARD_GB=8 to see what an RTX 4060 learner sees)"
+    return f"{name} capped at {cap:.1f} GB: this kernel sees what a {cap:g} GB card sees"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import models, placement
+from . import cards, models, placement
 from .errors import (
     BitsandbytesMissingError,
     CudaUnavailableError,
@@ -25,6 +25,7 @@ from .errors import (
     require_choice,
 )
 from .models import Source
+from .noise import NO_KERNELS_PACKAGE, silenced
 from .placement import PLACEMENTS, Placement
 from .quantization import QUANTS, Quant, quantization_config
 from .weights import GPU_HEADROOM_BYTES, WeightEstimate, meta_model, weight_bytes
@@ -75,21 +76,15 @@ def compute_device(device: Device) -> torch.device:
 
 
 def require_bitsandbytes(quant: Quant) -> None:
-    if quant != "bf16" and importlib.util.find_spec("bitsandbytes") is None:
+    if quant == "bf16":
+        return
+    if importlib.util.find_spec("bitsandbytes") is None:
         raise BitsandbytesMissingError(
             f"quant={quant!r} needs bitsandbytes, which is not installed: run `pip install bitsandbytes` "
             f"and restart the kernel, or load with quant='bf16'."
         )
-
-
-def gpu_budget_bytes(device: torch.device) -> int:
-    """Bytes this process may still allocate on ``device``, honouring a per-process memory fraction."""
-    free, total = torch.cuda.mem_get_info(device)
-    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-    if get_fraction is not None:
-        capped = int(get_fraction(device) * total) - torch.cuda.memory_reserved(device)
-        free = min(free, capped)
-    return free
+    with silenced(NO_KERNELS_PACKAGE):  # imported here, first, so its optional-kernel notice stays quiet
+        import bitsandbytes  # noqa: F401
 
 
 @dataclass
@@ -114,7 +109,7 @@ class LoadVerdict:
 def load_verdict(estimate: WeightEstimate, device: torch.device, quant: Quant, ple: Placement) -> LoadVerdict:
     if device.type != "cuda":
         return LoadVerdict(True, quant, ple, str(device), estimate.gpu_bytes, None)
-    budget = gpu_budget_bytes(device)
+    budget = cards.budget_bytes(device)
     needed = estimate.gpu_bytes + GPU_HEADROOM_BYTES
     hints = []
     if ple == "gpu" and estimate.cpu_bytes == 0:

@@ -14,6 +14,9 @@ from .errors import ModelNotFoundError, NotAGemma4CheckpointError
 DEFAULT_MODEL = "tiny"
 MODEL_ENV = "GEMMA_MODEL"
 GEMMA4_MODEL_TYPES = {"gemma4", "gemma4_text"}
+# the same architecture, smaller: what a notebook compares live when a route does not fit the card
+# (the real E2B is a 10 GB download a notebook should not start on its own, so it is not listed)
+SMALLER_SIBLING = {"e4b-shape": "e2b-shape", "tiny": "tiny"}
 # a hub id ("google/gemma-4-E4B-it"), a folder, a synthetic name ("tiny"), or None for $GEMMA_MODEL
 Source = str | os.PathLike | None
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -28,6 +31,11 @@ def requested(source: Source = None) -> str:
 
 def is_synthetic(source: Source = None) -> bool:
     return requested(source) in synthetic.SHAPES
+
+
+def smaller_sibling(source: Source = None) -> str | None:
+    """A smaller checkpoint of the same architecture to run a live comparison on, or None."""
+    return SMALLER_SIBLING.get(requested(source))
 
 
 def check_checkpoint_folder(path: Path) -> Path:

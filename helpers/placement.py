@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 
 from .errors import DeviceMapKeyError, NoPLETableError
+from .noise import ABSENT_DEVICE, silenced
 
 PLE_SUFFIX = "embed_tokens_per_layer"
 PEFT_PREFIX = "base_model.model."
@@ -151,7 +152,8 @@ def auto_device_map(model, max_memory: dict) -> dict:
     from accelerate.utils import convert_file_size_to_int
 
     budget = {k: convert_file_size_to_int(v) if isinstance(v, str) else v for k, v in max_memory.items()}
-    return infer_auto_device_map(model, max_memory=budget, no_split_module_classes=model._no_split_modules)
+    with silenced(ABSENT_DEVICE):  # the card is hypothetical: this machine need not have it
+        return infer_auto_device_map(model, max_memory=budget, no_split_module_classes=model._no_split_modules)
 
 
 def bytes_per_device(model, device_map: dict) -> dict:
@@ -167,7 +169,7 @@ def bytes_per_device(model, device_map: dict) -> dict:
 
 # ---------------------------------------------------------------- the CPU lookup
 
-def _cpu_lookup_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+def cpu_lookup_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
     """Gather rows on the CPU, move only those rows, scale on the compute device.
 
     The GPU path computes ``embedding(ids, W) * scale`` on the GPU. A gather copies rows
@@ -199,7 +201,7 @@ def install_cpu_lookup(module, compute_device) -> None:
         buffer = getattr(module, "embed_scale", None)
         module._ple_scale = None if buffer is None else buffer.to(compute_device).to(module.weight.dtype)
     module._ple_compute_device = compute_device
-    module.forward = types.MethodType(_cpu_lookup_forward, module)
+    module.forward = types.MethodType(cpu_lookup_forward, module)
 
 
 def has_cpu_lookup(module) -> bool:

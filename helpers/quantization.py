@@ -8,6 +8,7 @@ from typing import Literal
 import torch
 
 from .errors import require_choice
+from .noise import INT8_CAST, silenced
 
 QUANTS = ("bf16", "nf4", "fp4", "int8")
 Quant = Literal["bf16", "nf4", "fp4", "int8"]
@@ -62,15 +63,21 @@ def unquantized_linears(model) -> list:
             if isinstance(module, torch.nn.Linear) and not isinstance(module, converted)]
 
 
+def logits_of(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """Logits of one plain forward over ``input_ids`` (float32, on the CPU): keep them, free the model."""
+    with torch.no_grad(), silenced(INT8_CAST):
+        return model(input_ids=input_ids.to(model.device)).logits.float().cpu()
+
+
 def logit_agreement(reference, candidate, input_ids: torch.Tensor) -> dict:
-    """Next-token agreement of ``candidate`` with ``reference`` at every position of ``input_ids``.
+    """Next-token agreement of ``candidate`` with ``reference`` (a model, or logits from ``logits_of``,
+    so two large models need not be on the GPU at once) at every position of ``input_ids``.
 
     On synthetic weights this checks the machinery (is the quantized model computing the same
     function, roughly), not the quality of the real model.
     """
-    with torch.no_grad():
-        ref = reference(input_ids=input_ids.to(reference.device)).logits.float().cpu()
-        out = candidate(input_ids=input_ids.to(candidate.device)).logits.float().cpu()
+    ref = reference if isinstance(reference, torch.Tensor) else logits_of(reference, input_ids)
+    out = logits_of(candidate, input_ids)
     ref_logp, out_logp = ref.log_softmax(-1), out.log_softmax(-1)
     kl = (ref_logp.exp() * (ref_logp - out_logp)).sum(-1)
     return {

@@ -58,7 +58,7 @@ def test_ple_cpu_on_a_model_without_a_ple_table_says_use_ple_gpu(tmp_path):
 
 
 def test_a_device_map_key_that_matches_no_module_is_refused_before_loading(tiny_path):
-    with pytest.raises(DeviceMapKeyError, match="Did you mean 'lm_head'"):
+    with pytest.raises(DeviceMapKeyError, match="nearest real names are 'lm_head'"):
         loading.load_model("tiny", quant="bf16", ple="gpu", device="cpu", device_map={"lm_heads": "cpu", "model": "cpu"})
 
 
@@ -81,12 +81,23 @@ def test_missing_bitsandbytes_says_pip_install_or_bf16(monkeypatch):
 
 def test_not_enough_gpu_memory_is_said_before_loading_with_the_fix(monkeypatch):
     estimate = weights.weight_bytes(weights.meta_model(synthetic.gemma4_config("e4b-shape")), "nf4", "gpu")
-    monkeypatch.setattr(loading, "gpu_budget_bytes", lambda device: int(7.5e9))  # an 8 GB card, in use
+    monkeypatch.setattr(loading.cards, "budget_bytes", lambda device: int(7.5e9))  # an 8 GB card, in use
     with pytest.raises(InsufficientGPUMemoryError, match="ple='cpu'") as excinfo:
         loading.check_fits(estimate, torch.device("cuda", 0), "nf4", "gpu")
     assert "9.5" in str(excinfo.value) or "10.1" in str(excinfo.value)
     on_cpu = weights.weight_bytes(weights.meta_model(synthetic.gemma4_config("e4b-shape")), "nf4", "cpu")
     loading.check_fits(on_cpu, torch.device("cuda", 0), "nf4", "cpu")  # fits once the PLE is on the CPU
+
+
+def test_the_fit_check_needs_the_weights_plus_600_mib_of_headroom_and_not_one_byte_more(monkeypatch):
+    # the headroom covers the CUDA context, cuBLAS workspaces and the first activations
+    estimate = weights.weight_bytes(weights.meta_model(synthetic.gemma4_config("e4b-shape")), "nf4", "cpu")
+    exactly = estimate.gpu_bytes + 600 * 1024**2
+    monkeypatch.setattr(loading.cards, "budget_bytes", lambda device: exactly)
+    loading.check_fits(estimate, torch.device("cuda", 0), "nf4", "cpu")
+    monkeypatch.setattr(loading.cards, "budget_bytes", lambda device: exactly - 1)
+    with pytest.raises(InsufficientGPUMemoryError):
+        loading.check_fits(estimate, torch.device("cuda", 0), "nf4", "cpu")
 
 
 @pytest.mark.parametrize("kwargs", [{"quant": "q4_k_m"}, {"ple": "disk"}])
