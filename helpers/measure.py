@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import os
 import resource
 import sys
 import time
@@ -36,6 +37,9 @@ from .planner import largest_true
 from .records import environment
 from .weights import meta_model
 
+# cuBLAS picks reduction orders run to run unless its workspace is fixed: without this, two greedy runs
+# of one model in one process drifted apart on the H200 (PyTorch's reproducibility notes)
+DETERMINISTIC_CUBLAS = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nudged", "ple-cpu-fp16")
 PROMPT_TEXT = "The per-layer embedding table is a lookup, so only the rows of these tokens are read. "
 
@@ -286,6 +290,8 @@ def main(argv=None) -> int:
     parser.add_argument("--logits-out", type=Path, default=None, help="save the greedy run's logits (torch.save) here")
     parser.add_argument("--json", type=Path, required=True, help="where to write the record")
     args = parser.parse_args(argv)
+    for key, value in DETERMINISTIC_CUBLAS.items():
+        os.environ.setdefault(key, value)  # before the first cuBLAS call
     if not torch.cuda.is_available():
         print("helpers.measure needs a CUDA GPU; run it on a GPU machine (or Colab with a GPU runtime).")
         return 2

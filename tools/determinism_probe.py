@@ -1,0 +1,49 @@
+"""Is greedy decoding on this GPU deterministic run to run, and where do two placements first differ?
+
+    python tools/determinism_probe.py e4b-shape 64
+
+Runs, in one process: the PLE-on-GPU model twice, with and without keeping logits; then the
+PLE-on-CPU model; prints the first step whose logits differ and by how much.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
+from helpers import loading, measure  # noqa: E402
+
+
+def first_difference(a, b) -> dict:
+    steps = min(len(a), len(b))
+    for step in range(steps):
+        if not torch.equal(a[step], b[step]):
+            return {"first_differing_step": step, "max_abs_diff_there": (a[step] - b[step]).abs().max().item()}
+    return {"first_differing_step": None}
+
+
+def main(model_name: str, tokens: int) -> dict:
+    tokenizer = loading.load_tokenizer(model_name)
+    out = {}
+    model = loading.load_model(model_name, quant="nf4", ple="gpu", device=0)
+    runs = [measure.greedy(model, tokenizer, tokens, keep_logits=True) for _ in range(3)]
+    out["gpu_run_to_run"] = [first_difference(runs[0]["logits"], r["logits"]) for r in runs[1:]]
+    plain = measure.greedy(model, tokenizer, tokens)
+    out["gpu_tokens_with_vs_without_logits"] = plain["tokens"] == runs[0]["tokens"]
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det = [measure.greedy(model, tokenizer, tokens, keep_logits=True) for _ in range(2)]
+    out["deterministic_algorithms_run_to_run"] = first_difference(det[0]["logits"], det[1]["logits"])
+    torch.use_deterministic_algorithms(False)
+    del model
+    loading.release_gpu()
+    model = loading.load_model(model_name, quant="nf4", ple="cpu", device=0)
+    cpu = measure.greedy(model, tokenizer, tokens, keep_logits=True)
+    out["cpu_vs_gpu_placement"] = first_difference(runs[0]["logits"], cpu["logits"])
+    out["distinct_tokens"] = runs[0]["distinct_tokens"]
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], int(sys.argv[2]))))
