@@ -136,14 +136,27 @@ def check_fits(estimate: WeightEstimate, device: torch.device, quant: Quant, ple
         raise InsufficientGPUMemoryError(str(verdict))
 
 
+class GPUStillInUseNotice(UserWarning):
+    """Memory is still allocated after release_gpu(): something still refers to a model."""
+
+
+STILL_IN_USE_BYTES = 256 * 1024**2  # more than a prompt's worth of tensors: a model, or a model's outputs
+
+
 def release_gpu() -> dict:
     """After ``del model``: collect the garbage and hand PyTorch's cached blocks back to the driver,
-    so the next load starts from an empty card. Returns the bytes still allocated and reserved."""
+    so the next load starts from an empty card. Returns the bytes still allocated and reserved, and
+    warns when a model's worth is still allocated (a variable still refers to it)."""
     gc.collect()
     if not torch.cuda.is_available():
         return {}
     torch.cuda.empty_cache()
-    return {"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved()}
+    left = {"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved()}
+    if left["allocated_bytes"] > STILL_IN_USE_BYTES:
+        warnings.warn(f"{left['allocated_bytes'] / 1e9:.2f} GB is still allocated on the GPU after release_gpu(): a "
+                      f"variable still refers to a model or its outputs; `del` it, then call release_gpu() again.",
+                      GPUStillInUseNotice, stacklevel=2)
+    return left
 
 
 class ComputeDtypeNotice(UserWarning):

@@ -86,12 +86,24 @@ def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32, *, keep_l
     return result
 
 
-def compare_logits(reference: torch.Tensor, candidate: torch.Tensor) -> dict:
-    """Bit-for-bit comparison of two runs' logits, every step and every vocabulary entry."""
+def compare_logits(reference: torch.Tensor, candidate: torch.Tensor, steps: int | None = None) -> dict:
+    """Bit-for-bit comparison of two runs' logits, every vocabulary entry of the first ``steps``
+    steps (all by default), and the first step where they differ (None: nowhere)."""
+    steps = min(len(reference), len(candidate)) if steps is None else steps
+    reference, candidate = reference[:steps], candidate[:steps]
     if reference.shape != candidate.shape:
-        return {"identical": False, "max_abs_diff": float("inf"), "steps": min(len(reference), len(candidate))}
-    return {"identical": torch.equal(reference, candidate),
-            "max_abs_diff": (reference - candidate).abs().max().item(), "steps": reference.shape[0]}
+        return {"identical": False, "max_abs_diff": float("inf"), "steps": steps, "first_difference": 0}
+    differing = [step for step in range(steps) if not torch.equal(reference[step], candidate[step])]
+    return {"identical": not differing, "max_abs_diff": (reference - candidate).abs().max().item(), "steps": steps,
+            "first_difference": differing[0] if differing else None}
+
+
+def self_consistent_steps(first: torch.Tensor, second: torch.Tensor) -> int:
+    """How many leading steps two runs of the same model agree on bit for bit. On the H200, E4B-shaped
+    NF4 agrees with itself only up to about 256 positions (tools/determinism_probe.py): a comparison
+    of two placements can claim identity only where each placement is identical to itself."""
+    first_difference = compare_logits(first, second)["first_difference"]
+    return min(len(first), len(second)) if first_difference is None else first_difference
 
 
 @contextlib.contextmanager
@@ -253,7 +265,9 @@ def _measure_loaded(model, tokenizer, device, record: dict, *, new_tokens: int, 
     if not new_tokens:
         return
     identity = greedy(model, tokenizer, new_tokens, keep_logits=True)  # untimed: keeping logits costs time and memory
-    if logits_out is not None:
+    if logits_out is not None:  # an identity route: also how far this placement agrees with itself
+        again = greedy(model, tokenizer, new_tokens, keep_logits=True)
+        record["self_consistent_steps"] = self_consistent_steps(identity["logits"], again["logits"])
         torch.save(identity["logits"], logits_out)
     torch.cuda.reset_peak_memory_stats(device)
     with PeakSampler() as host_generate:

@@ -49,6 +49,14 @@ def gpu_tier(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU
     return json.loads(path.read_text())
 
 
+def gpu_tier_file(name: str, directory: Path = GPU_TIER_DIR) -> dict:
+    """Any other record the GPU tier keeps, by file name (e.g. ``determinism-e4b-shape.json``)."""
+    path = Path(directory) / name
+    if not path.is_file():
+        raise FileNotFoundError(f"No GPU record {path}: it is written by a GPU run (see the README's GPU tier).")
+    return json.loads(path.read_text())
+
+
 def environment() -> dict:
     """The GPU, its memory and the library versions of this machine: the stamp on every record."""
     import accelerate

@@ -95,7 +95,7 @@ def test_ple_on_cpu_gives_bit_identical_logits_at_every_step_and_a_one_ulp_contr
     reference = measure.greedy(loaded(quant, "gpu"), tiny_tokenizer, 48, keep_logits=True)
     offloaded = loaded(quant, "cpu")
     same = measure.compare_logits(reference["logits"], measure.greedy(offloaded, tiny_tokenizer, 48, keep_logits=True)["logits"])
-    assert same == {"identical": True, "max_abs_diff": 0.0, "steps": 48}
+    assert same == {"identical": True, "max_abs_diff": 0.0, "steps": 48, "first_difference": None}
     last_prompt_token = int(measure.prompt_ids(tiny_tokenizer, 32, "cpu")[0, -1])
     with measure.ple_row_nudged(offloaded, last_prompt_token):
         nudged = measure.greedy(offloaded, tiny_tokenizer, 48, keep_logits=True)
@@ -120,3 +120,18 @@ def test_a_gpu_without_native_bf16_gets_fp16_4_bit_compute_and_the_cpu_keeps_bf1
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))  # an RTX 4060
     assert loading.default_compute_dtype(torch.device("cuda", 0)) == torch.bfloat16
     assert loading.default_compute_dtype(torch.device("cpu")) == torch.bfloat16
+
+
+def test_release_gpu_says_when_a_model_is_still_referenced(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 6 * 10**9)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 5.5 * 10**9)  # a bf16 E2B still held
+    with pytest.warns(loading.GPUStillInUseNotice, match="5.50 GB is still allocated"):
+        loading.release_gpu()
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 10**6)  # only scraps: nothing to say
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert loading.release_gpu()["allocated_bytes"] == 10**6

@@ -1,6 +1,6 @@
 """Is greedy decoding on this GPU deterministic run to run, and where do two placements first differ?
 
-    python tools/determinism_probe.py e4b-shape 64
+    python tools/determinism_probe.py e4b-shape 256 --record   # also writes data/gpu-tier/determinism-<model>.json
 
 Runs, in one process: the PLE-on-GPU model twice, with and without keeping logits; then the
 PLE-on-CPU model; prints the first step whose logits differ and by how much.
@@ -41,9 +41,21 @@ def main(model_name: str, tokens: int) -> dict:
     model = loading.load_model(model_name, quant="nf4", ple="cpu", device=0)
     cpu = measure.greedy(model, tokenizer, tokens, keep_logits=True)
     out["cpu_vs_gpu_placement"] = first_difference(runs[0]["logits"], cpu["logits"])
+    measure.prefill_peak(model, tokenizer, 8500, torch.device("cuda", 0))  # what the GPU tier does first
+    after = [measure.greedy(model, tokenizer, tokens, keep_logits=True) for _ in range(2)]
+    out["cpu_after_a_long_prefill_vs_before"] = first_difference(cpu["logits"], after[0]["logits"])
+    out["cpu_after_a_long_prefill_run_to_run"] = first_difference(after[0]["logits"], after[1]["logits"])
     out["distinct_tokens"] = runs[0]["distinct_tokens"]
     return out
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], int(sys.argv[2]))))
+    found = main(sys.argv[1], int(sys.argv[2]))
+    print(json.dumps(found))
+    if "--record" in sys.argv:
+        from helpers.paths import GPU_TIER_DIR
+        from helpers.records import environment
+
+        found.update(environment(), model=sys.argv[1], new_tokens=int(sys.argv[2]),
+                     command=f"CUBLAS_WORKSPACE_CONFIG=:4096:8 python tools/determinism_probe.py {sys.argv[1]} {sys.argv[2]} --record")
+        (GPU_TIER_DIR / f"determinism-{sys.argv[1]}.json").write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")

@@ -23,6 +23,8 @@ ROUTE_LABELS = {
     "post-load": "`ple=\"gpu\"`, then `offload_ple(model)`",
     "cpu-entry": "naive: `\"cpu\"` entry in the map, accelerate hook left on",
     "no-flag": "naive: `\"cpu\"` entry without `llm_int8_enable_fp32_cpu_offload`",
+    "ple-cpu-nudged": "the control: `ple=\"cpu\"` with one PLE row one bf16 ulp off",
+    "ple-cpu-fp16": "`ple=\"cpu\"`, 4-bit compute in fp16 (what a T4 runs)",
 }
 
 
@@ -35,13 +37,16 @@ def seconds_per_token(record: dict) -> str:
     return f"{value:.3f}" if value is not None else "-"
 
 
-def greedy_verdict(record: dict, reference: dict) -> str:
-    count = record["greedy_token_count"]
-    if count == reference["greedy_token_count"]:
-        return f"identical over {count} tokens" if record["greedy_sha256"] == reference["greedy_sha256"] else "differ"
-    shown = min(count, len(record["greedy_tokens_first_16"]), len(reference["greedy_tokens_first_16"]))
-    same = record["greedy_tokens_first_16"][:shown] == reference["greedy_tokens_first_16"][:shown]
-    return f"{'identical' if same else 'differ'} over its first {shown} tokens"
+def identity_verdict(record: dict) -> str:
+    """What the GPU tier's bit-for-bit comparison of logits against PLE on GPU found."""
+    comparison = record.get("logits_vs_ple_gpu")
+    if comparison is None:
+        return "not compared"
+    if comparison["identical"]:
+        return f"logits identical at all {comparison['steps']} steps compared"
+    where = comparison.get("first_difference")
+    return (f"logits differ over {comparison['steps']} steps" + (f", from step {where}" if where is not None else "")
+            + f" (max abs difference {comparison['max_abs_diff']:.3g})")
 
 
 def render_record_set(name: str, records: dict) -> str:
@@ -57,8 +62,8 @@ def render_record_set(name: str, records: dict) -> str:
         f"quantization `{any_record['quant']}`. GB = 10^9 bytes.",
         "",
         f"| route | allocated after load | reserved | peak during load | peak, {context:,}-token prefill "
-        f"|{timing_header} greedy tokens vs PLE on GPU |" if context
-        else f"| route | allocated | reserved | peak load | peak prefill |{timing_header} greedy |",
+        f"|{timing_header} vs PLE on GPU, bit for bit |" if context
+        else f"| route | allocated | reserved | peak load | peak prefill |{timing_header} vs PLE on GPU |",
         "|---|---|---|---|---|" + "---|" * (2 if timed else 1),
     ]
     for route, label in ROUTE_LABELS.items():
@@ -75,17 +80,20 @@ def render_record_set(name: str, records: dict) -> str:
             peak = "OOM"
         else:
             peak = f"{gb(prefill['peak_bytes'])}" + ("" if prefill["context"] == context else f" ({prefill['context']} tokens)")
-        if record.get("greedy_sha256") is None:
-            same = ""
+        if route == "ple-cpu-fp16":
+            same = f"not meant to match (fp16 compute); every logit finite: {record.get('logits_finite')}"
+        elif route == "ple-gpu":
+            distinct = record.get("greedy_distinct_tokens")
+            same = "reference" + (f" ({distinct} distinct tokens in {record['greedy_token_count']})" if distinct else "")
         else:
-            same = "reference" if route == "ple-gpu" else greedy_verdict(record, reference)
+            same = identity_verdict(record)
         lines.append(
             f"| {label} | {gb(record['resident_bytes'])} | {gb(record['reserved_bytes'])} | "
             f"{gb(record['peak_load_bytes'])} | {peak} |" + (f" {seconds_per_token(record)} |" if timed else "") + f" {same} |"
         )
     command = ""
     if "ple-cpu" in records:
-        command = "GPU_RECORD=1 make test-gpu`, which runs `" + records["ple-cpu"]["command"].split(" --json")[0]
+        command = "GPU_RECORD=1 make test-gpu-tier`, which runs `" + records["ple-cpu"]["command"].split(" --json")[0]
     how = ("one fresh process per route" if timed else
            "one fresh process per route, all side by side (so no timings here: see Speed)")
     lines += ["", f"Recorded by `{command}`, {how}." if command else ""]
@@ -120,6 +128,28 @@ def render_notebooks(record: dict) -> str:
     return "\n".join(lines)
 
 
+def placement_verdict(gpu: dict, cpu: dict) -> str:
+    """What two benchmark records of the same configuration say about the two placements."""
+    count = gpu.get("greedy_token_count")
+    if gpu.get("logits_sha256") and cpu.get("logits_sha256"):
+        same = "identical" if gpu["logits_sha256"] == cpu["logits_sha256"] else "DIFFER"
+        return f"logits {same} ({count} steps, {gpu.get('greedy_distinct_tokens')} distinct tokens)"
+    if gpu.get("greedy_sha256") and cpu.get("greedy_sha256"):
+        same = "identical" if gpu["greedy_sha256"] == cpu["greedy_sha256"] else "DIFFER"
+        return f"greedy tokens {same} ({count}; logits and distinct tokens not recorded)"
+    return "not compared"
+
+
+def render_determinism(record: dict) -> str:
+    runs = ", ".join(str(r["first_differing_step"]) for r in record["gpu_run_to_run"])
+    return (f"**Is the GPU bit-reproducible?** `{record['command']}` on {record['gpu']}, {record['date']}: the same "
+            f"{record['model']} NF4 model, PLE on GPU, run again in the same process differs from step {runs} of "
+            f"{record['new_tokens']} (with `torch.use_deterministic_algorithms` too: step "
+            f"{record['deterministic_algorithms_run_to_run']['first_differing_step']}); PLE on CPU against PLE on GPU "
+            f"first differs at step {record['cpu_vs_gpu_placement']['first_differing_step']}. Identity between "
+            "placements is therefore checked over the steps where each agrees with itself.")
+
+
 def _peak_at(record, context):
     point = next((p for p in record.get("prefill", []) if p["context"] == context), None)
     if point is None:
@@ -139,7 +169,7 @@ def render_benchmark() -> str:
              f"transformers {v['transformers']}, bitsandbytes {v['bitsandbytes']}. Peak = `max_memory_allocated` "
              "during a `generate` prefill. GB = 10^9 bytes.", "",
              "| model | quant | resident, PLE on GPU / CPU | peak 8,500 tokens, GPU / CPU | peak 32,768 tokens, GPU / CPU "
-             "| greedy tokens, GPU vs CPU |", "|---|---|---|---|---|---|"]
+             "| PLE on GPU vs CPU |", "|---|---|---|---|---|---|"]
     for model in bench.MODELS:
         for quant in ("bf16", "int8", "nf4"):
             pair = {r["configuration"]["ple"]: r for r in latest if r.get("preset") == "memory"
@@ -147,10 +177,10 @@ def render_benchmark() -> str:
             if set(pair) != {"gpu", "cpu"}:
                 continue
             gpu, cpu = pair["gpu"], pair["cpu"]
-            same = "identical" if gpu.get("greedy_sha256") == cpu.get("greedy_sha256") else "DIFFER"
+            same = placement_verdict(gpu, cpu)
             lines.append(f"| {model} | {quant} | {gb(gpu['resident_bytes'])} / {gb(cpu['resident_bytes'])} | "
                          f"{_peak_at(gpu, 8500)} / {_peak_at(cpu, 8500)} | {_peak_at(gpu, 32768)} / {_peak_at(cpu, 32768)} | "
-                         f"{same} ({gpu.get('greedy_token_count')} tokens) |")
+                         f"{same} |")
     memory_command = next((r["command"] for r in latest if r.get("preset") == "memory"), "")
     lines += ["", f"Recorded by `{memory_command}`.", ""]
 
@@ -235,6 +265,8 @@ def render() -> str:
             blocks.append(render_notebooks(json.loads(path.read_text())))
         elif path.stem == "make-test-gpu":
             blocks.append(render_gpu_run(json.loads(path.read_text())))
+        elif path.stem.startswith("determinism-"):
+            blocks.append(render_determinism(json.loads(path.read_text())))
         else:
             blocks.append(render_record_set(path.stem, json.loads(path.read_text())))
     body = "\n\n".join(blocks) if blocks else "_No GPU records yet: run `GPU_RECORD=1 make test-gpu` on a GPU._"
