@@ -17,6 +17,10 @@ CARDS = {"RTX 4060 (8 GB)": 8, "12 GB": 12, "Colab T4 (15 GB)": 15, "16 GB lapto
 # issue's 16 GB laptop card
 SIMULATED_CARDS_GB = (8, 15, 16)
 CARD_ENV = "CARD_GB"
+# host RAM of the machines learners bring (bytes): the free Colab VM and a 16 GB laptop
+MACHINES_RAM = {"Colab (12.7 GB RAM)": 12.7e9, "16 GB laptop": 16e9}
+# what the operating system, the browser and Jupyter keep for themselves: an allowance, not a measurement
+SYSTEM_RAM_ALLOWANCE_BYTES = 2e9
 
 
 def requested_card_gb(card_gb=None) -> float | None:

@@ -160,12 +160,30 @@ def memory_checks(download_dir: Path | None = None) -> list:
             ))
     except ImportError:
         checks.append(Check("RAM", "unknown (pip install psutil)", WARN))
+    checks += host_ram_checks()
     where = download_dir or Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface"))
     probe = where if where.exists() else Path.home()
     free = shutil.disk_usage(probe).free
     checks.append(Check(f"free disk at {where}", gb(free), OK if free >= 1.1 * FULL_CHECKPOINT_BYTES else WARN,
                         "" if free >= 1.1 * FULL_CHECKPOINT_BYTES else
                         "the full checkpoint needs 16 GB: free space or set HF_HUB_CACHE to a larger disk"))
+    return checks
+
+
+def host_ram_checks(model: str = "e4b-shape") -> list:
+    """Will this machine's RAM hold E4B NF4 in each placement? The planner's anonymous peak (what runs
+    a VM out of memory) against the RAM, minus an allowance for the system."""
+    from .host_memory import total_ram_bytes
+    from .planner import host_fits, predict_host
+
+    ram = total_ram_bytes()
+    checks = []
+    for label, ple, copied in (("PLE on the CPU from the first byte", "cpu", False), ("PLE moved after loading", "gpu", True)):
+        estimate = predict_host(model, "nf4", ple, offload_after_load=copied)
+        enough = host_fits(estimate, ram)
+        checks.append(Check(f"RAM for E4B NF4, {label}", f"needs about {gb(estimate.anon_generate_bytes)} of {gb(ram)}",
+                            OK if enough else WARN, "" if enough else
+                            "load with ple='cpu' (the table then stays in the memory-mapped file) or close other programs"))
     return checks
 
 

@@ -22,16 +22,19 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cards import CARDS
+from .cards import CARDS, SYSTEM_RAM_ALLOWANCE_BYTES
 from .errors import require_choice
 from .models import load_config
 from .paths import PLANNER_DIR
 from .placement import PLACEMENTS
 from .quantization import QUANTS
-from .records import latest_records
+from .records import gpu_tier, latest_records
 from .weights import GPU_HEADROOM_BYTES, WeightEstimate, meta_model, weight_bytes
 
 CALIBRATION = PLANNER_DIR / "activations.json"
+HOST_CALIBRATION = PLANNER_DIR / "host.json"
+# GPU-tier routes with host memory records, and whether each copies the PLE table into process memory
+HOST_ROUTES = {"ple-gpu": False, "ple-cpu": False, "post-load": True}
 
 # (not head_dim: transformers 5.2x saves per-layer head widths differently from 5.5-5.1x)
 ARCHITECTURE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -351,6 +354,81 @@ def calibrate(records: list) -> dict:
     return calibration
 
 
+# --- host memory: what loading and generating take in RAM ------------------------------------------
+#
+#   anonymous     what a process really owns (Python, torch, the CUDA context's host side, tensors
+#                 copied into CPU memory). Measured: a baseline, and what generate adds to it.
+#                 offload_ple after loading copies the whole PLE table into it; ple="cpu" from the
+#                 first byte does not: on Linux the table stays a view of the memory-mapped
+#                 checkpoint (the GPU tier's records show it), read into the page cache row by row.
+#   file-backed   the memory-mapped checkpoint while loading: page cache the kernel can drop.
+
+@dataclass
+class HostEstimate:
+    anon_load_bytes: int
+    anon_generate_bytes: int
+    file_load_bytes: int
+    terms: dict
+
+    def __str__(self) -> str:
+        return (f"host memory: {self.anon_load_bytes / 1e9:.2f} GB anonymous after loading, "
+                f"{self.anon_generate_bytes / 1e9:.2f} GB while generating; up to {self.file_load_bytes / 1e9:.2f} GB "
+                f"of page cache (file-backed, reclaimable) while loading")
+
+
+def host_records(directory=None) -> list:
+    """(route, record) for every GPU-tier route with host memory figures."""
+    tier = gpu_tier() if directory is None else gpu_tier(directory=directory)
+    return [(route, record) for route, record in tier.items()
+            if route in HOST_ROUTES and record and record.get("host_load_anon_peak_bytes")]
+
+
+def calibrate_host(rows: list) -> dict:
+    """The baseline anonymous memory of loading (routes that copy nothing into process memory) and
+    what generating adds, as medians over the records."""
+    import numpy as np
+
+    baseline = [r["host_load_anon_peak_bytes"] for route, r in rows if not HOST_ROUTES[route]]
+    increments = [r["host_generate_anon_peak_bytes"] - r["host_load_anon_peak_bytes"] for _, r in rows]
+    return {"load_baseline_bytes": int(np.median(baseline)), "generate_increment_bytes": int(np.median(increments)),
+            "measured_on": sorted({f"{r['model']} {r['quant']} {route}" for route, r in rows}),
+            "source": "python -m helpers.planner calibrate (from the GPU tier's records, data/gpu-tier/)"}
+
+
+def load_host_calibration(path=HOST_CALIBRATION) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No host-memory calibration at {path}: run `python -m helpers.planner calibrate` "
+                                "after `GPU_RECORD=1 make test-gpu-tier` on a GPU.")
+    return json.loads(path.read_text())
+
+
+def predict_host(config, quant: str = "nf4", ple: str = "cpu", *, offload_after_load: bool = False,
+                 calibration: dict | None = None) -> HostEstimate:
+    """Predict the host memory of ``load_model(config, quant, ple)`` (``offload_after_load``: then
+    ``offload_ple``), anonymous and file-backed, before anything is loaded."""
+    require_choice(quant, QUANTS, "quant")
+    require_choice(ple, PLACEMENTS, "ple")
+    calibration = calibration or load_host_calibration()
+    label = config if isinstance(config, str) else None
+    table = (_named_weight_bytes(label, quant, "cpu", (), False) if label else
+             weight_bytes(meta_model(load_config(config)), quant, "cpu")).cpu_bytes
+    checkpoint = (_named_weight_bytes(label, "bf16", "gpu", (), False) if label else
+                  weight_bytes(meta_model(load_config(config)), "bf16", "gpu")).gpu_bytes  # as stored: bf16
+    copied = table if offload_after_load else 0
+    terms = {"baseline (Python, torch, CUDA context)": calibration["load_baseline_bytes"],
+             "PLE table copied into process memory": copied}
+    anon_load = sum(terms.values())
+    mapped = checkpoint - (table if ple == "cpu" and not offload_after_load else 0)
+    return HostEstimate(anon_load, anon_load + calibration["generate_increment_bytes"], mapped,
+                        {**terms, "generating adds": calibration["generate_increment_bytes"]})
+
+
+def host_fits(estimate: HostEstimate, ram_bytes: float) -> bool:
+    """Does the anonymous peak leave the system its share of this machine's RAM?"""
+    return estimate.anon_generate_bytes + SYSTEM_RAM_ALLOWANCE_BYTES <= ram_bytes
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -366,11 +444,13 @@ def main(argv=None) -> int:
         calibration = calibrate(latest_records())
         CALIBRATION.parent.mkdir(parents=True, exist_ok=True)
         CALIBRATION.write_text(json.dumps(calibration, indent=1, sort_keys=True) + "\n")
+        HOST_CALIBRATION.write_text(json.dumps(calibrate_host(host_records()), indent=1, sort_keys=True) + "\n")
         print(f"wrote {CALIBRATION} ({len(calibration['architectures'])} architectures, "
               f"allocator reserve {calibration['allocator_reserve']:.1%}, worst {calibration['allocator_reserve_worst']:.1%})")
         return 0
     for ple in ("gpu", "cpu"):
         print(predict(args.config, args.quant, ple, args.context))
+        print("  " + str(predict_host(args.config, args.quant, ple)))
     for name, ple, verdict in card_table(args.config, args.quant, args.context):
         print(f"{name:<18} PLE on {ple}: {verdict}")
     return 0

@@ -94,3 +94,21 @@ def test_the_install_cell_makes_helpers_importable_in_an_already_running_kernel(
     done = subprocess.run([str(python), "-c", script], cwd=repo / "notebooks", capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith(str(repo / "helpers"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_notebook_can_simulate_a_learners_card_before_it_loads_anything(path):
+    parameters = tagged(path, "parameters")[0].source
+    assert re.search(r"^CARD_GB = None", parameters, re.M)
+    sources = [cell.source for cell in cells(path)]
+    loads = [i for i, s in enumerate(sources) if "load_model(" in s or "from_pretrained(" in s]
+    if loads:
+        simulated = [i for i, s in enumerate(sources) if "cards.simulate(CARD_GB)" in s]
+        assert simulated and simulated[0] < loads[0], "cards.simulate(CARD_GB) must run before the first load"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_a_notebook_that_loads_a_model_ends_by_handing_the_gpu_back(path):
+    sources = [cell.source for cell in cells(path)]
+    if any("load_model(" in s for s in sources):
+        assert "loading.release_gpu()" in sources[-1]

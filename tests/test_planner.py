@@ -136,3 +136,38 @@ def test_agreement_rows_cover_every_recorded_load_prefill_and_card():
     assert max(abs(error) for what, _, _, error in rows if "resident" in what) < 0.05
     assert max(abs(error) for what, _, _, error in rows if "peak" in what) < 0.10
     assert max(error for what, _, _, error in rows if "safe context" in what) <= 0.02
+
+
+HOST = planner.host_records()
+
+
+@pytest.mark.parametrize("route,record", HOST, ids=[route for route, _ in HOST])
+def test_predicted_host_memory_is_within_10_percent_of_the_anonymous_and_file_backed_peaks(route, record):
+    c = record
+    estimate = planner.predict_host(c["model"], c["quant"], "gpu" if route == "ple-gpu" or route == "post-load" else "cpu",
+                                    offload_after_load=planner.HOST_ROUTES[route])
+    assert estimate.anon_load_bytes == pytest.approx(record["host_load_anon_peak_bytes"], rel=0.10)
+    assert estimate.anon_generate_bytes == pytest.approx(record["host_generate_anon_peak_bytes"], rel=0.10)
+    assert estimate.file_load_bytes == pytest.approx(record["host_load_file_peak_bytes"], rel=0.10)
+
+
+def test_the_table_copied_by_offload_ple_is_predicted_from_routes_that_never_copied_it():
+    # out of sample: calibrated without the post-load route, the planner must still predict it
+    without = planner.calibrate_host([(route, r) for route, r in HOST if route != "post-load"])
+    post = dict(HOST)["post-load"]
+    estimate = planner.predict_host(post["model"], post["quant"], "gpu", offload_after_load=True, calibration=without)
+    assert estimate.anon_load_bytes == pytest.approx(post["host_load_anon_peak_bytes"], rel=0.10)
+    assert estimate.anon_load_bytes > 5 * planner.predict_host(post["model"], post["quant"], "cpu", calibration=without).anon_load_bytes
+
+
+def test_the_host_calibration_file_is_exactly_what_the_records_give():
+    assert planner.calibrate_host(HOST) == planner.load_host_calibration()
+
+
+def test_ple_on_cpu_fits_colab_ram_and_a_copied_table_leaves_less_room():
+    from helpers import cards
+
+    colab = cards.MACHINES_RAM["Colab (12.7 GB RAM)"]
+    assert planner.host_fits(planner.predict_host("e4b-shape", "nf4", "cpu"), colab)
+    copied = planner.predict_host("e4b-shape", "nf4", "gpu", offload_after_load=True)
+    assert copied.anon_generate_bytes > planner.predict_host("e4b-shape", "nf4", "cpu").anon_generate_bytes + 5e9
