@@ -354,6 +354,37 @@ def calibrate(records: list) -> dict:
     return calibration
 
 
+def holdout(records: list) -> dict:
+    """Out-of-sample error: each prefill point predicted by a calibration fitted without it, and each
+    card's largest context by an allocator reserve fitted without that card. Returns, per kind,
+    (in-sample, out-of-sample) worst relative errors; the in-sample ones are ``agreement``'s."""
+    import copy
+
+    inside = agreement(records)
+    worst_in = {kind: max(abs(e) for what, _, _, e in inside if kind in what) for kind in ("peak", "largest context")}
+    errors = {"peak": [], "largest context": []}
+    for index, record in enumerate(records):
+        c = record["configuration"]
+        if record.get("preset") == "memory" and c["ple"] == "cpu" and record.get("resident_bytes") is not None:
+            for point in [p for p in record["prefill"] if "peak_bytes" in p]:
+                without = copy.deepcopy(records)
+                without[index]["prefill"] = [p for p in record["prefill"] if p is not point and p != point]
+                fitted = calibrate(without)
+                for other in records:  # the same point on both placements: the profile is shared
+                    oc = other["configuration"]
+                    if (other.get("preset"), oc["model"], oc["quant"]) != ("memory", c["model"], c["quant"]):
+                        continue
+                    measured = next((p for p in other["prefill"] if p["context"] == point["context"] and "peak_bytes" in p), None)
+                    if measured:
+                        predicted = predict(c["model"], c["quant"], oc["ple"], point["context"], calibration=fitted).peak_bytes
+                        errors["peak"].append(predicted / measured["peak_bytes"] - 1)
+        if record.get("preset") == "cards" and record.get("max_context"):
+            fitted = calibrate(records[:index] + records[index + 1:])
+            verdict = fits(c["model"], c["card_gb"], c["quant"], c["ple"], calibration=fitted)
+            errors["largest context"].append(verdict.max_context / record["max_context"] - 1)
+    return {kind: (worst_in[kind], max(abs(e) for e in errors[kind])) for kind in errors}
+
+
 # --- host memory: what loading and generating take in RAM ------------------------------------------
 #
 #   anonymous     what a process really owns (Python, torch, the CUDA context's host side, tensors

@@ -60,3 +60,11 @@ def test_the_command_line_check_exits_nonzero_when_not_ready(tmp_path):
     done = subprocess.run([sys.executable, "-m", "helpers.environment"], capture_output=True, text=True)
     assert done.returncode == (0 if ready else 1)
     assert "ready for the course" in done.stdout
+
+
+def test_the_command_line_check_exits_1_when_a_line_fails():
+    failing = ("import sys, helpers.environment as e; "
+               "e.package_checks = lambda: [e.Check('transformers', '4.57.6 (need >= 5.5.2)', e.FAIL, 'pip install -U')]; "
+               "sys.exit(e.main())")
+    done = subprocess.run([sys.executable, "-c", failing], capture_output=True, text=True)
+    assert done.returncode == 1 and "NOT ready" in done.stdout

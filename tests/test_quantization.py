@@ -35,13 +35,59 @@ def test_a_custom_skip_list_replaces_the_default_and_quantizes_lm_head(tiny_path
     assert "lm_head" in quantization.unquantized_linears(course)
 
 
-def test_a_model_agrees_with_itself_and_quantization_costs_some_agreement(tiny_path):
+def test_a_second_load_agrees_exactly_and_each_quantization_costs_more_the_fewer_its_bits(tiny_path):
     ids = torch.randint(16, 272, (2, 24), generator=torch.Generator().manual_seed(0))
-    reference = loading.load_model("tiny", quant="bf16", ple="gpu", device="cpu")
-    same = quantization.logit_agreement(reference, reference, ids)
-    assert same["top1_agreement"] == 1.0 and abs(same["mean_kl"]) < 1e-6 and same["positions"] == 48
-    nf4 = quantization.logit_agreement(reference, loading.load_model("tiny", quant="nf4", ple="gpu", device="cpu"), ids)
-    assert 0 < nf4["mean_kl"] and nf4["top1_agreement"] < 1.0
+    reference = quantization.logits_of(loading.load_model("tiny", quant="bf16", ple="gpu", device="cpu"), ids)
+    again = quantization.logit_agreement(reference, loading.load_model("tiny", quant="bf16", ple="cpu", device="cpu"), ids)
+    assert again["top1_agreement"] == 1.0 and again["mean_kl"] == 0.0 and again["positions"] == 48
+    kl = {quant: quantization.logit_agreement(reference, loading.load_model("tiny", quant=quant, ple="cpu", device="cpu"),
+                                              ids)["mean_kl"] for quant in ("int8", "nf4")}
+    assert 0 < kl["int8"] < kl["nf4"]  # 8 bits cost less than 4 (a broken 4-bit path would not be small)
+    assert kl["nf4"] < 0.5  # and 4 bits still compute nearly the same function
+
+
+FIXED_PER_LAYER = ("quant_map", "nested_quant_map", "quant_state.bitsandbytes")  # lookup tables, the packed header
+
+
+def packed_bytes_per_weight(model, fixed: dict | None = None) -> dict:
+    """What bitsandbytes really stores per original weight, by layer kind: packed weights plus the
+    parts of their quantization state that grow with the layer (``fixed`` collects the rest, per layer)."""
+    import bitsandbytes as bnb
+
+    stored, originals = {}, {}
+    for _, module in model.named_modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            state = module.weight.quant_state.as_dict(packed=True)
+            grows = {k: v for k, v in state.items() if torch.is_tensor(v) and not k.startswith(FIXED_PER_LAYER)}
+            if fixed is not None:
+                fixed[id(module)] = sum(v.numel() * v.element_size() for k, v in state.items()
+                                        if torch.is_tensor(v) and k not in grows)
+            kind = "4bit"
+            size = module.weight.numel() * module.weight.element_size() + sum(v.numel() * v.element_size() for v in grows.values())
+            original = module.weight.quant_state.shape.numel()
+        elif isinstance(module, bnb.nn.Linear8bitLt):
+            kind, size = "int8", module.weight.numel() * module.weight.element_size()
+            scb = getattr(module.weight, "SCB", None)
+            size += 0 if scb is None else scb.numel() * scb.element_size()
+            original = module.weight.numel()
+        else:
+            continue
+        stored[kind] = stored.get(kind, 0) + size
+        originals[kind] = originals.get(kind, 0) + original
+    return {kind: stored[kind] / originals[kind] for kind in stored}
+
+
+@pytest.mark.parametrize("quant,double,kind", [("nf4", False, "4bit"), ("fp4", False, "4bit"), ("nf4", True, "4bit"),
+                                               ("int8", False, "int8")])
+def test_the_bytes_per_weight_the_planner_uses_are_what_bitsandbytes_really_stores(tiny_path, quant, double, kind):
+    model = loading.load_model("tiny", quant=quant, ple="cpu", device="cpu", double_quant=double)
+    fixed: dict = {}
+    real = packed_bytes_per_weight(model, fixed)[kind]
+    assumed = weights.DOUBLE_QUANT_BYTES_PER_WEIGHT if double else weights.QUANT_BYTES_PER_WEIGHT[quant]
+    # int8's per-row scale (4 bytes per row of 64-128 weights on tiny) is left out of the estimate
+    assert assumed == pytest.approx(real, rel=0.07 if quant == "int8" else 0.02), (quant, double, real)
+    # what does not grow with a layer is a few hundred bytes: nothing next to E4B's millions of weights per layer
+    assert max(fixed.values(), default=0) < 1500
 
 
 def quant_state_bytes(state) -> int:

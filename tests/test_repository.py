@@ -91,3 +91,11 @@ def test_each_card_run_keeps_its_own_column_and_a_rerun_replaces_only_its_own(tm
     assert {label: card["05_ple_offload.ipynb"]["seconds"] for label, card in recorded["cards"].items()} == {
         "8 GB": 6.0, "15 GB": 4.0, "uncapped": 5.0}
     assert not list(tmp_path.glob("*.lock"))
+
+
+def test_a_comparison_with_no_hashes_is_shown_as_not_compared_never_as_identical():
+    tool = _tool("render_results")
+    assert tool.placement_verdict({}, {}) == "not compared"
+    assert tool.placement_verdict({"logits_sha256": "a", "greedy_token_count": 32, "greedy_distinct_tokens": 20},
+                                  {"logits_sha256": "b"}).startswith("logits DIFFER")
+    assert tool.identity_verdict({}) == "not compared"

@@ -229,6 +229,7 @@ def test_chat_template_takes_list_content_as_the_multimodal_processor_requires(t
     assert rendered.endswith("<|turn>model\n") and "hi<turn|>" in rendered
 
 
+@pytest.mark.gpu  # the GPU image has torchvision; the CPU tier's torch build has none that imports
 @pytest.mark.skipif(not synthetic.torchvision_available(), reason="Gemma 4's processor needs torchvision")
 def test_autoprocessor_loads_the_synthetic_processor_and_applies_the_chat_template(tiny_path):
     from transformers import AutoProcessor

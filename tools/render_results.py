@@ -210,7 +210,11 @@ def render_benchmark() -> str:
                     cells.append(f"{measured} / {predicted}")
                 lines.append(f"| {model} | {card} GB | {cells[0]} | {cells[1]} |")
         cards_command = card_records[0]["command"]
-        lines += ["", f"Recorded by `{cards_command}`.", ""]
+        held_out = planner.holdout(latest)
+        lines += ["", f"Recorded by `{cards_command}`. The planner's worst error over these records, fitted on all of "
+                  "them / predicting each point from a fit without it (`planner.holdout`): prefill peak "
+                  f"{held_out['peak'][0]:.1%} / {held_out['peak'][1]:.1%}, expected largest context "
+                  f"{held_out['largest context'][0]:.1%} / {held_out['largest context'][1]:.1%}.", ""]
 
     speed = [r for r in latest if r.get("preset") == "speed"]
     if speed:
