@@ -204,14 +204,17 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
             path = snapshot_download(repo_id, local_dir=str(local_dir), endpoint=endpoint, allow_patterns=allow_patterns,
                                      token=hub_token(endpoint))
             checks = verify(repo_id, local_dir, endpoint=endpoint, allow_patterns=allow_patterns)
-            spoiled = checksums.failures(checks)
-            if not spoiled:
+            if not checksums.failures(checks):
                 return DownloadResult(Path(path), attempt, errors, checks, refetched)
+            spoiled = sorted(name for name, status in checks.items() if status == checksums.MISMATCH)
+            # missing: huggingface_hub returned the folder as it was (it does when the file list fails)
+            missing = sorted(name for name, status in checks.items() if status == checksums.MISSING)
             for name in spoiled:
                 forget(local_dir, name)
-            refetched += sorted(spoiled)
-            errors.append(f"attempt {attempt}: {len(spoiled)} file(s) did not match the server's hashes and were deleted "
-                          f"to be fetched again: {', '.join(sorted(spoiled))}")
+            refetched += spoiled
+            found = ([f"{len(spoiled)} file(s) did not match the server's hashes and were deleted to be fetched again: "
+                      f"{', '.join(spoiled)}"] if spoiled else []) + ([f"still missing: {', '.join(missing)}"] if missing else [])
+            errors.append(f"attempt {attempt}: {'; '.join(found)}")
         except Exception as err:  # noqa: BLE001 - sorted below into permanent, disk-full and transient
             permanent = explain_hub_error(err, repo_id)
             if permanent is not None and not _is_offline_miss(err):

@@ -3,7 +3,7 @@
     with FaultyProxy("http://127.0.0.1:8090", plan=["drop", "flip", "zero_length", "stall"]) as proxy:
         download(repo, folder, endpoint=proxy.endpoint)
 
-Each entry of ``plan`` applies to the next request it fits, in order; requests it does not fit pass
+Each request carries the first entry of ``plan`` that it fits, if any; a request that fits none passes
 untouched. Three families:
 
 - on a file body (GET ``.../resolve/...``):
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import threading
 from collections import Counter, defaultdict
 from urllib.parse import urlsplit
@@ -72,17 +73,18 @@ class FaultyProxy:
         return len(self.plan)
 
     def _next_fault(self, method: str, path: str):
+        """The first planned fault this request can carry (so a HEAD fault never waits behind a body fault)."""
+        is_file = "/resolve/" in path
         with self._lock:
-            if not self.plan:
-                return None
-            kind, is_file = self.plan[0], "/resolve/" in path
-            fits = (kind in ANY_REQUEST_FAULTS or (kind in BODY_FAULTS and method == "GET" and is_file)
-                    or (kind in HEAD_FAULTS and method == "HEAD" and is_file))
-            return self.plan.pop(0) if fits else None
+            for position, kind in enumerate(self.plan):
+                if (kind in ANY_REQUEST_FAULTS or (kind in BODY_FAULTS and method == "GET" and is_file)
+                        or (kind in HEAD_FAULTS and method == "HEAD" and is_file)):
+                    return self.plan.pop(position)
+        return None
 
     async def _answer_without_upstream(self, writer, fault: str) -> None:
         if fault == "reset":
-            writer.transport.abort()
+            _reset(writer)
             return
         if fault == "html":
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
@@ -122,16 +124,18 @@ class FaultyProxy:
             length, chunked = _header(response_head, b"content-length"), _header(response_head, b"transfer-encoding") == b"chunked"
             if method == "HEAD" and length is not None:
                 self.sizes[path] = int(length)  # the GET that follows is chunked: its length is known from here
-            if chunked:  # forwarded decoded, ended by the close: one body, whatever the fault does to it
+            body_length = self.sizes.get(path) if chunked else int(length) if length is not None else None
+            if chunked:  # forwarded decoded, with its length where the HEAD told it (else ended by the close)
                 response_head = _without(response_head, b"transfer-encoding")
-            body_length = int(length) if length is not None and not chunked else self.sizes.get(path)
+                if body_length is not None:
+                    response_head = _without(response_head, b"content-length", add=body_length)
             if fault in HEAD_FAULTS and length is not None:
                 response_head = _without(response_head, b"content-length", add=0 if fault == "zero_length" else int(length) + 1000)
                 applied = True
             cut = None
             if fault in ("drop", "stall", "truncate"):
                 cut = max(1, min(self.drop_after_bytes, body_length // 2)) if body_length else self.drop_after_bytes
-                if fault == "truncate" and not chunked and length is not None:
+                if fault == "truncate" and body_length is not None:
                     response_head = _without(response_head, b"content-length", add=cut)
             writer.write(response_head)
             sent, body = 0, _Body(up_reader, chunked)
@@ -149,7 +153,7 @@ class FaultyProxy:
                     if fault == "truncate":
                         writer.close()  # a clean end: by HTTP the answer is complete, only short
                     else:
-                        writer.transport.abort()
+                        _reset(writer)
                     break
                 writer.write(chunk)
                 sent += len(chunk)
@@ -182,6 +186,14 @@ class FaultyProxy:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _reset(writer) -> None:
+    """Cut the connection with a TCP reset, as a dropped link does, not with an orderly close."""
+    connection = writer.get_extra_info("socket")
+    if connection is not None:
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 def _header(head: bytes, name: bytes) -> bytes | None:

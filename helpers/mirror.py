@@ -348,7 +348,7 @@ class ServerThread:
 
         def run():
             self._loop = asyncio.new_event_loop()
-            server = self._loop.run_until_complete(asyncio.start_server(self.handler, sock=self.listening))
+            server = self._loop.run_until_complete(asyncio.start_server(self._closing_handler, sock=self.listening))
             ready.set()
             self._loop.run_forever()
             server.close()
@@ -360,6 +360,13 @@ class ServerThread:
         self._thread.start()
         ready.wait(10)
         return self
+
+    async def _closing_handler(self, reader, writer):
+        try:
+            await self.handler(reader, writer)
+        finally:
+            if not writer.is_closing():  # cancelled at stop, or failed: the connection is closed either way
+                writer.transport.abort()
 
     def stop(self) -> None:
         if self._loop is not None and self._thread.is_alive():
@@ -373,6 +380,7 @@ async def _cancel_connections() -> None:
     for task in others:
         task.cancel()
     await asyncio.gather(*others, return_exceptions=True)
+    await asyncio.sleep(0.05)  # the closes they scheduled run before the loop ends
 
 
 async def _drain_and_close(writer) -> None:

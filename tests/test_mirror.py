@@ -108,7 +108,7 @@ def test_the_cli_listens_on_loopback_by_default_and_on_the_network_only_in_class
         assert "HF_HUB_DISABLE_IMPLICIT_TOKEN=1" in said
     finally:
         process.terminate()
-        process.wait(20)
+        process.communicate(timeout=20)
 
 
 def test_the_api_serves_loopback_and_olah_stays_on_loopback_even_in_classroom_mode(tiny_path, tmp_path):
@@ -286,3 +286,33 @@ def test_an_olah_that_dies_at_start_stops_the_cli_with_a_non_zero_exit_and_its_l
     done = subprocess.run([sys.executable, "-m", "helpers.mirror", "serve", str(tiny_path), "--port", str(mirror.free_port())],
                           capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode != 0 and "olah exited at start" in done.stderr and "config broken" in done.stderr
+
+
+FAKE_OLAH_THAT_DIES_WHILE_SERVING = """
+import http.server, json, os, re, subprocess, sys, threading, time
+text = open(sys.argv[sys.argv.index("-c") + 1]).read()  # the toml the mirror wrote (no tomllib before Python 3.11)
+config = {"host": re.search(r'host = "(.+?)"', text)[1], "port": int(re.search(r"port = (\\d+)", text)[1])}
+repo = os.path.join(re.search(r'mirrors-path = \\["(.+?)"\\]', text)[1], "models", "google", "gemma-4-E4B-it")
+sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+class Revision(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"sha": sha}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+server = http.server.HTTPServer((config["host"], config["port"]), Revision)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+time.sleep(3)
+print("olah: out of memory")
+os._exit(5)
+"""
+
+
+def test_an_olah_that_dies_while_serving_ends_the_cli_with_a_non_zero_exit_and_says_so(tiny_path, tmp_path):
+    fake = tmp_path / "olah"
+    (fake / "bin").mkdir(parents=True)
+    (fake / "bin" / "python").symlink_to(sys.executable)
+    (fake / "bin" / "olah-cli").write_text(FAKE_OLAH_THAT_DIES_WHILE_SERVING)
+    env = {**os.environ, "GEMMA_COURSE_CACHE": str(tmp_path), "OLAH_HOME": str(fake)}
+    process = start_cli(tiny_path, "--port", str(mirror.free_port()), env=env)
+    wait_for_line(process, "Ctrl+C stops it")  # it started: the fake answered as olah does
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1 and "olah stopped by itself (exit 5)" in stderr and "out of memory" in stderr
