@@ -76,12 +76,8 @@ def require_endpoint(url, what: str = "endpoint") -> str:
     """An http(s) URL with a host, without its trailing slash."""
     parts = urlsplit(url) if isinstance(url, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidChoiceError(f"{what}={url!r} is not a URL; pass one such as http://192.168.1.10:8090 or {_hub_url()}.")
+        raise InvalidChoiceError(f"{what}={url!r} is not a URL; pass one such as http://192.168.1.10:8090 or https://{HUB_HOST}.")
     return url.rstrip("/")
-
-
-def _hub_url() -> str:
-    return f"https://{HUB_HOST}"
 
 
 def is_the_hub(endpoint: str | None) -> bool:
@@ -127,7 +123,7 @@ def use_mirror(endpoint: str, disable_xet: bool = True) -> None:
         if (settings["endpoint"].rstrip("/") != endpoint or (disable_xet and not settings["xet_disabled"])
                 or not settings["implicit_token_disabled"]):
             raise HubImportedTooEarlyError(
-                f"huggingface_hub was imported before HF_ENDPOINT/HF_HUB_DISABLE_XET were set and still uses "
+                f"huggingface_hub was imported before HF_ENDPOINT/HF_HUB_DISABLE_XET/HF_HUB_DISABLE_IMPLICIT_TOKEN were set and still uses "
                 f"{settings['endpoint']}: restart the kernel and run this cell before any other import."
             )
 

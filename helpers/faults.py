@@ -3,8 +3,9 @@
     with FaultyProxy("http://127.0.0.1:8090", plan=["drop", "flip", "zero_length", "stall"]) as proxy:
         download(repo, folder, endpoint=proxy.endpoint)
 
-Each request carries the first entry of ``plan`` that it fits, if any; a request that fits none passes
-untouched. Three families:
+Each entry of ``plan`` applies, in order, to the next request it fits; requests it does not fit pass
+untouched, and an entry that finds nothing to spoil (a body shorter than its cut) waits for the next. Three
+families:
 
 - on a file body (GET ``.../resolve/...``):
   ``drop``      the head and part of the body, then the connection is cut
@@ -73,27 +74,15 @@ class FaultyProxy:
         return len(self.plan)
 
     def _next_fault(self, method: str, path: str):
-        """The first planned fault this request can carry (so a HEAD fault never waits behind a body fault)."""
-        is_file = "/resolve/" in path
+        """The next planned fault, if this request can carry it; the plan is kept in order, so a shuffled
+        plan mixes the kinds as a bad network does."""
         with self._lock:
-            for position, kind in enumerate(self.plan):
-                if (kind in ANY_REQUEST_FAULTS or (kind in BODY_FAULTS and method == "GET" and is_file)
-                        or (kind in HEAD_FAULTS and method == "HEAD" and is_file)):
-                    return self.plan.pop(position)
-        return None
-
-    async def _answer_without_upstream(self, writer, fault: str) -> None:
-        if fault == "reset":
-            _reset(writer)
-            return
-        if fault == "html":
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
-                         % len(CAPTIVE_PORTAL) + CAPTIVE_PORTAL)
-        else:
-            retry_after = b"Retry-After: 1\r\n" if fault == "rate_limit" else b""
-            writer.write(STATUS_LINES[fault] + b"\r\nContent-Length: 0\r\n" + retry_after + b"Connection: close\r\n\r\n")
-        await writer.drain()
-        writer.close()
+            if not self.plan:
+                return None
+            kind, is_file = self.plan[0], "/resolve/" in path
+            fits = (kind in ANY_REQUEST_FAULTS or (kind in BODY_FAULTS and method == "GET" and is_file)
+                    or (kind in HEAD_FAULTS and method == "HEAD" and is_file))
+            return self.plan.pop(0) if fits else None
 
     def _unspend(self, fault: str) -> None:
         """A fault that found nothing to spoil (a body shorter than its cut) waits for the next request."""

@@ -120,7 +120,7 @@ def spoil_through(proxy_plan, hub_mirror, folder):
 def test_a_rerun_of_download_repairs_files_that_huggingface_hub_believes_current(hub_mirror, source, tmp_path):
     from huggingface_hub import snapshot_download
 
-    proxy = spoil_through(["flip", "zero_length"], hub_mirror, tmp_path)
+    proxy = spoil_through(["zero_length", "flip"], hub_mirror, tmp_path)  # a HEAD comes first, then GETs
     expected = served_files(source)
     spoiled = {name for name in expected if (tmp_path / name).read_bytes() != expected[name]}
     assert sum(proxy.injected.values()) == 2 and len(spoiled) == 2

@@ -61,7 +61,7 @@ def run(count: int = 200, seed: int = 0, stall_s: float = 2.0, read_timeout_s: f
             while proxy.faults_left and len(rounds) < count:
                 folder = workdir / f"round-{len(rounds) + 1}"
                 before = sum(proxy.injected.values())
-                result = download.download(REPO, folder, endpoint=proxy.endpoint, max_attempts=100, sleep=lambda s: None)
+                result = download.download(REPO, folder, endpoint=proxy.endpoint, max_attempts=max(100, count), sleep=lambda s: None)
                 rounds.append({"faults": sum(proxy.injected.values()) - before, "attempts": result.attempts,
                                "refetched_after_verification": len(result.refetched),
                                "verified": sum(status == "ok" for status in result.checks.values()),
