@@ -331,8 +331,8 @@ class Front:
         except ConnectionError:
             pass
         finally:
-            up_writer.close()
-            await _drain_and_close(writer)
+            up_writer.close()  # no await in here: a connection cancelled at stop must finish at once
+        await _drain_and_close(writer)
 
 
 class ServerThread:

@@ -287,3 +287,32 @@ def test_keep_bf16_as_a_list_changes_the_prediction_and_the_loaded_model_alike(i
     kept_linears = [name for name, module in model.named_modules()
                     if isinstance(module, torch.nn.Linear) and not isinstance(module, bnb.nn.Linear4bit)]
     assert kept_linears and all(name.startswith("model.vision_tower") or name == "lm_head" for name in kept_linears)
+
+
+TINY_WINDOW = synthetic.gemma4_config("tiny").get_text_config().max_position_embeddings
+CLI_CASES = [
+    (["predict", "tiny", "--context", "-5"], "context=-5 is not supported; pass a whole number of tokens"),
+    (["predict", "tiny", "--context", "0"], "context=0 is not supported"),
+    (["predict", "tiny", "--context", str(TINY_WINDOW + 1)], f"at most {TINY_WINDOW:,} (the model's max_position_embeddings)"),
+    (["predict", "tiny", "--context", "512", "--quant", "q4"], "choose one of"),
+    (["predict", "", "--context", "512"], "empty"),
+]
+
+
+@pytest.mark.parametrize("argv,phrase", CLI_CASES, ids=[" ".join(argv) for argv, _ in CLI_CASES])
+def test_the_planner_cli_answers_a_bad_input_with_the_sentence_and_exit_code_2(argv, phrase, capsys):
+    assert planner.main(argv) == 2
+    captured = capsys.readouterr()
+    assert phrase in captured.err and "Traceback" not in captured.err and "fits" not in captured.out
+
+
+def test_the_planner_cli_refuses_a_fractional_context_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        planner.main(["predict", "tiny", "--context", "8500.5"])
+    assert stopped.value.code == 2 and "--context: invalid int value" in capsys.readouterr().err
+
+
+def test_the_planner_cli_still_answers_a_good_input(capsys):
+    # the control beside the refusals
+    assert planner.main(["predict", "tiny", "--context", "512"]) == 0
+    assert "512-token prefill" in capsys.readouterr().out

@@ -9,6 +9,7 @@ an existing checkpoint (seed 1) with a new one (seed 0) and sends itself the sig
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from helpers import checksums, synthetic
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the builders are forked (Linux and macOS)")
 
 # step -> the code, run in the builder, that delivers the signal there (`die()` sends it)
 STEPS = {

@@ -3,6 +3,7 @@ that injects faults: the download completes, keeps finished files, and never lea
 or corrupt file where a loader would read it."""
 
 import errno
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -218,3 +219,15 @@ def test_an_olah_that_dies_at_start_is_reported_with_its_last_words(source, tmp_
     monkeypatch.setattr(mirror, "olah_command", lambda: [system.executable, "-c", "print('olah: config broken'); raise SystemExit(3)"])
     with pytest.raises(mirror.MirrorError, match="config broken"):
         mirror.Mirror(source, REPO, workdir=tmp_path).start(timeout=20)
+
+
+def test_the_recorded_fault_run_injected_200_faults_of_every_kind_and_download_returned_no_spoiled_file():
+    from helpers.paths import FAULTS_DIR
+
+    recorded = sorted(FAULTS_DIR.glob("*.json"))
+    assert recorded, "run `python tools/fault_run.py --faults 200`"
+    record = json.loads(recorded[-1].read_text())
+    assert record["faults_injected"] == record["faults_planned"] >= 200
+    assert set(record["injected_by_kind"]) == set(faults.KINDS)
+    assert record["spoiled_files_download_returned"] == 0 == sum(len(r["spoiled_though_download_returned"]) for r in record["per_round"])
+    assert record["control_plain_snapshot_download"]["spoiled_files_accepted"] > 0  # the faults did spoil files
