@@ -218,6 +218,8 @@ class Refusal:
                  f"X-Error-Message: {self.message}", "Connection: close"]
         if self.error_code:
             lines.append(f"X-Error-Code: {self.error_code}")
+        if self.status == 405:
+            lines.append("Allow: GET, HEAD")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
