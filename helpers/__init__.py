@@ -3,8 +3,8 @@
 Imports point down this list, never up:
 
     errors, paths, noise           the exception family; where files live; expected messages, silenced
-    cards, host_memory             the learners' cards (and simulating one); host RAM, anonymous and file-backed
-    synthetic, download            random-weight checkpoints of the real shapes; downloading with retries
+    cards, host_memory, checksums  the learners' cards (and simulating one); host RAM; sha256 and git blob ids of files
+    synthetic, download            random-weight checkpoints of the real shapes; downloading with retries, verified
     models                         where a checkpoint comes from: hub id, folder or synthetic name; its config
     placement, quantization        device maps and the PLE offload; bitsandbytes configs
     weights                        bytes per part from the meta model, before loading
@@ -12,7 +12,7 @@ Imports point down this list, never up:
     records                        readers of the recorded results (data/measurements, data/gpu-tier)
     planner                        predict / fits: memory before loading, from a config and the records
     anatomy, charts, environment   module trees, plots, the setup check
-    mirror, faults                 a classroom mirror (olah); a fault-injecting proxy
+    mirror, faults                 a classroom mirror (olah behind a guarding front); a fault-injecting proxy
     measure, bench                 the GPU runners: one route in a fresh process; the benchmark grid
 """
 

@@ -6,17 +6,20 @@ memory, so E4B can be inspected on any laptop.
 
 from __future__ import annotations
 
+import difflib
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .placement import human_bytes, modules_named, unique_tensors  # noqa: F401 (modules_named: notebook 04)
+from .errors import InvalidChoiceError, require_bool, require_whole_number
+from .placement import human_bytes, modules_named, require_model, unique_tensors  # noqa: F401 (modules_named: notebook 04)
 
 
 def module_sizes(model) -> dict:
     """Bytes per module name, including its children (accelerate's own accounting)."""
     from accelerate.utils import compute_module_sizes
 
+    require_model(model)
     return compute_module_sizes(model)
 
 
@@ -34,7 +37,8 @@ class Tree:
 def tree(model, max_depth: int = 2, root: str = "") -> Tree:
     """The module tree down to ``max_depth``, each line with its class and size."""
     sizes = module_sizes(model)
-    start = model.get_submodule(root) if root else model
+    require_whole_number(max_depth, "max_depth", minimum=0)
+    start = submodule(model, root)
     lines = []
     for name, module in start.named_modules():
         full = f"{root}.{name}" if root and name else (root or name)
@@ -48,8 +52,21 @@ def tree(model, max_depth: int = 2, root: str = "") -> Tree:
     return Tree(lines)
 
 
+def submodule(model, name: str):
+    """``model.get_submodule(name)`` (the model itself for ``""``), or the sentence naming the closest module."""
+    if not isinstance(name, str):
+        raise InvalidChoiceError(f"root={name!r} is not a module name; pass a string such as 'model.language_model'.")
+    try:
+        return model.get_submodule(name) if name else model
+    except AttributeError:
+        names = [n for n, _ in model.named_modules() if n]
+        closest = difflib.get_close_matches(name, names, n=1, cutoff=0.0)
+        raise InvalidChoiceError(f"root={name!r} is no module of {type(model).__name__}; did you mean {closest[0]!r}?") from None
+
+
 def bytes_by_device_and_dtype(model) -> dict:
     """``{(device, dtype): bytes}`` over parameters and buffers, tied weights counted once."""
+    require_model(model)
     totals: dict = defaultdict(int)
     for _, _, _, tensor in unique_tensors(model):
         totals[(str(tensor.device), str(tensor.dtype).replace("torch.", ""))] += tensor.numel() * tensor.element_size()
@@ -60,10 +77,12 @@ def tied_parameters(model) -> list:
     """Groups of parameter names that share one tensor (accelerate's ``find_tied_parameters``)."""
     from accelerate.utils import find_tied_parameters
 
-    return find_tied_parameters(model)
+    return find_tied_parameters(require_model(model))
 
 
 def parameter_count(model, count_tied_once: bool = True) -> int:
+    require_model(model)
+    require_bool(count_tied_once, "count_tied_once")
     params = model.named_parameters(remove_duplicate=count_tied_once)
     return sum(p.numel() for _, p in params)
 
@@ -72,6 +91,7 @@ def explorer(model):
     """An ipywidgets browser of the module tree: pick a child to go down, ``..`` to go up.
 
     Without ipywidgets it says how to get it and returns the text tree instead."""
+    require_model(model)
     try:
         import ipywidgets as widgets
     except ImportError:

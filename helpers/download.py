@@ -3,23 +3,36 @@
 Everything goes through ``huggingface_hub``: ``snapshot_download`` writes each file to an
 ``.incomplete`` file under ``<local_dir>/.cache`` and renames it into place only when it is
 whole, so a loader never sees half a file; a retry continues from what is already there.
+Whole is not the same as right: a proxy that flips a byte, or a ``Content-Length: 0`` that
+huggingface_hub believes, leaves a wrong file that looks finished. So ``download`` checks every
+file against the hashes the server lists (sha256 for LFS files, the git blob id otherwise) and
+fetches again what does not match.
+
+A hub token goes to the Hub only: to any other endpoint (a classroom mirror) the course sends none.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from .errors import CourseError, ModelNotFoundError
+from . import checksums
+from .checksums import git_blob_sha1, sha256  # noqa: F401 - the names notebooks and the mirror use
+from .errors import CourseError, InvalidChoiceError, ModelNotFoundError, require_whole_number
+from .paths import writable_folder
 
 REAL_MODEL = "google/gemma-4-E4B-it"
+HUB_HOST = "huggingface.co"
 # What the course needs from google/gemma-4-E4B-it: weights, configs, tokenizer and chat template.
 COURSE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt"]
+# owner/name, as the course spells hub ids (huggingface_hub's own validator checks the rest)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 class HubImportedTooEarlyError(CourseError):
@@ -38,11 +51,56 @@ class OfflineModeError(CourseError):
     """HF_HUB_OFFLINE forbids the download."""
 
 
+def is_hub_id(name) -> bool:
+    """``owner/name`` as the Hub accepts it: no spaces, newlines, ``..`` or extra slashes."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if not isinstance(name, str) or not _HUB_ID.fullmatch(name):
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def require_hub_id(repo_id) -> str:
+    if not is_hub_id(repo_id):
+        raise ModelNotFoundError(
+            f"{repo_id!r} is not a valid hub id; write it as owner/name, e.g. {REAL_MODEL}, without spaces, newlines or '..'.")
+    return repo_id
+
+
+def require_endpoint(url, what: str = "endpoint") -> str:
+    """An http(s) URL with a host, without its trailing slash."""
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidChoiceError(f"{what}={url!r} is not a URL; pass one such as http://192.168.1.10:8090 or https://{HUB_HOST}.")
+    return url.rstrip("/")
+
+
+def is_the_hub(endpoint: str | None) -> bool:
+    """Whether requests to ``endpoint`` (None: huggingface_hub's own) go to the Hugging Face Hub."""
+    from huggingface_hub import constants
+
+    parts = urlsplit(endpoint or constants.ENDPOINT)
+    return parts.scheme == "https" and parts.hostname == HUB_HOST
+
+
+def hub_token(endpoint: str | None):
+    """What to pass as huggingface_hub's ``token``: ``None`` (its default: the saved token, which gated
+    Gemma needs) for the Hub, ``False`` (send none) for any other endpoint. huggingface_hub sends the
+    saved token to whatever endpoint it is given, and a classroom mirror is plain HTTP on a shared network."""
+    return None if is_the_hub(endpoint) else False
+
+
 def hub_settings() -> dict:
     """What huggingface_hub is actually using (read once, when it was first imported)."""
     from huggingface_hub import constants
 
-    return {"endpoint": constants.ENDPOINT, "xet_disabled": bool(constants.HF_HUB_DISABLE_XET)}
+    return {"endpoint": constants.ENDPOINT, "xet_disabled": bool(constants.HF_HUB_DISABLE_XET),
+            "implicit_token_disabled": bool(constants.HF_HUB_DISABLE_IMPLICIT_TOKEN)}
 
 
 def use_mirror(endpoint: str, disable_xet: bool = True) -> None:
@@ -52,15 +110,20 @@ def use_mirror(endpoint: str, disable_xet: bool = True) -> None:
     ``HF_ENDPOINT`` only redirects API and ``resolve`` requests. Files stored on XetHub are
     fetched from ``cas-bridge.xethub.hf.co`` directly, past any mirror, unless
     ``HF_HUB_DISABLE_XET=1`` makes the client fall back to plain HTTP through the endpoint.
+    ``HF_HUB_DISABLE_IMPLICIT_TOKEN=1`` keeps the saved hub token from travelling to the mirror
+    with every request that any library makes.
     """
-    os.environ["HF_ENDPOINT"] = endpoint.rstrip("/")
+    endpoint = require_endpoint(endpoint)
+    os.environ["HF_ENDPOINT"] = endpoint
     if disable_xet:
         os.environ["HF_HUB_DISABLE_XET"] = "1"
+    os.environ["HF_HUB_DISABLE_IMPLICIT_TOKEN"] = "1"
     if "huggingface_hub" in sys.modules:
         settings = hub_settings()
-        if settings["endpoint"].rstrip("/") != endpoint.rstrip("/") or (disable_xet and not settings["xet_disabled"]):
+        if (settings["endpoint"].rstrip("/") != endpoint or (disable_xet and not settings["xet_disabled"])
+                or not settings["implicit_token_disabled"]):
             raise HubImportedTooEarlyError(
-                f"huggingface_hub was imported before HF_ENDPOINT/HF_HUB_DISABLE_XET were set and still uses "
+                f"huggingface_hub was imported before HF_ENDPOINT/HF_HUB_DISABLE_XET/HF_HUB_DISABLE_IMPLICIT_TOKEN were set and still uses "
                 f"{settings['endpoint']}: restart the kernel and run this cell before any other import."
             )
 
@@ -70,6 +133,8 @@ class DownloadResult:
     path: Path
     attempts: int
     errors: list = field(default_factory=list)  # one line per failed attempt
+    checks: dict = field(default_factory=dict)  # {file: "ok"}: every file, verified against the server's hashes
+    refetched: list = field(default_factory=list)  # files that failed verification, deleted and fetched again
 
 
 def explain_hub_error(err: Exception, repo_id: str) -> CourseError | None:
@@ -108,21 +173,44 @@ def _is_offline_miss(err: Exception) -> bool:
 def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patterns=COURSE_PATTERNS,
              max_attempts: int = 20, first_wait_s: float = 2.0, max_wait_s: float = 60.0,
              sleep=time.sleep) -> DownloadResult:
-    """Download ``repo_id`` into ``local_dir``, retrying with exponential backoff.
+    """Download ``repo_id`` into ``local_dir``, retrying with exponential backoff, and return only
+    once every file matches the server's hashes.
 
     Like the article's retry loop, but each retry keeps every finished file and
     huggingface_hub continues partial ones. Gated, missing and disk-full errors stop at once
-    with the fix; anything else (dropped connections, 5xx, stalls) is retried.
+    with the fix; anything else (dropped connections, 5xx, stalls) is retried. A file that fails
+    verification is deleted with huggingface_hub's record of it (which would call it current) and
+    fetched again, so running ``download`` again repairs a folder.
     """
     from huggingface_hub import constants, snapshot_download
 
+    require_hub_id(repo_id)
+    local_dir = download_folder(local_dir)
+    require_whole_number(max_attempts, "max_attempts", minimum=1)
+    for value, what in ((first_wait_s, "first_wait_s"), (max_wait_s, "max_wait_s")):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise InvalidChoiceError(f"{what}={value!r} is not supported; pass a number of seconds, 0 or more.")
+    if endpoint is not None:
+        endpoint = require_endpoint(endpoint)
     if constants.HF_HUB_OFFLINE:
         raise OfflineModeError("HF_HUB_OFFLINE=1 is set, so nothing can be downloaded: unset it and restart the kernel.")
-    errors = []
+    errors, refetched = [], []
     for attempt in range(1, max_attempts + 1):
         try:
-            path = snapshot_download(repo_id, local_dir=str(local_dir), endpoint=endpoint, allow_patterns=allow_patterns)
-            return DownloadResult(Path(path), attempt, errors)
+            path = snapshot_download(repo_id, local_dir=str(local_dir), endpoint=endpoint, allow_patterns=allow_patterns,
+                                     token=hub_token(endpoint))
+            checks = verify(repo_id, local_dir, endpoint=endpoint, allow_patterns=allow_patterns)
+            if not checksums.failures(checks):
+                return DownloadResult(Path(path), attempt, errors, checks, refetched)
+            spoiled = sorted(name for name, status in checks.items() if status == checksums.MISMATCH)
+            # missing: huggingface_hub returned the folder as it was (it does when the file list fails)
+            missing = sorted(name for name, status in checks.items() if status == checksums.MISSING)
+            for name in spoiled:
+                forget(local_dir, name)
+            refetched += spoiled
+            found = ([f"{len(spoiled)} file(s) did not match the server's hashes and were deleted to be fetched again: "
+                      f"{', '.join(spoiled)}"] if spoiled else []) + ([f"still missing: {', '.join(missing)}"] if missing else [])
+            errors.append(f"attempt {attempt}: {'; '.join(found)}")
         except Exception as err:  # noqa: BLE001 - sorted below into permanent, disk-full and transient
             permanent = explain_hub_error(err, repo_id)
             if permanent is not None and not _is_offline_miss(err):
@@ -133,48 +221,56 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
                     f"finished files are kept and the next run continues."
                 ) from None
             errors.append(f"attempt {attempt}: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}")
-            if attempt < max_attempts:
-                sleep(min(max_wait_s, first_wait_s * 2 ** (attempt - 1)))
+        if attempt < max_attempts:
+            sleep(min(max_wait_s, first_wait_s * 2 ** (attempt - 1)))
     raise DownloadFailedError(
-        f"{repo_id} did not download in {max_attempts} attempts (last: {errors[-1]}); finished files are kept: "
-        f"run it again, or check HF_ENDPOINT."
+        f"{repo_id} did not download in {max_attempts} attempts (last: {errors[-1]}); finished files are kept and any "
+        f"that failed verification deleted: run it again, or check HF_ENDPOINT."
     )
 
 
-def _file_digest(path: Path, digest, header: bytes = b"") -> str:
-    digest.update(header)
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):  # 16 GB files: never read whole
-            digest.update(block)
-    return digest.hexdigest()
+def download_folder(local_dir) -> Path:
+    """``local_dir`` as a writable folder, or one sentence saying why it cannot be."""
+    if not isinstance(local_dir, (str, os.PathLike)):
+        raise InvalidChoiceError(f"local_dir={local_dir!r} is not a folder path; pass a str or pathlib.Path.")
+    local_dir = Path(local_dir).expanduser()
+    if local_dir.exists() and not local_dir.is_dir():
+        raise InvalidChoiceError(f"local_dir={str(local_dir)!r} is a file; pass a folder (it is created if missing).")
+    return writable_folder(local_dir)
 
 
-def git_blob_sha1(path: Path) -> str:
-    """The id git (and the Hub's ETag) gives a small file."""
-    return _file_digest(Path(path), hashlib.sha1(), f"blob {Path(path).stat().st_size}\0".encode())
+def forget(local_dir, name: str) -> None:
+    """Delete a downloaded file and huggingface_hub's record of it: with the record in place it takes
+    the file for current (same commit, same ETag) and never fetches it again."""
+    from huggingface_hub._local_folder import get_local_download_paths
+
+    paths = get_local_download_paths(Path(local_dir), name)
+    paths.file_path.unlink(missing_ok=True)
+    paths.metadata_path.unlink(missing_ok=True)
 
 
-def sha256(path: Path) -> str:
-    """The id of an LFS file (and the Hub's ETag for it)."""
-    return _file_digest(Path(path), hashlib.sha256())
-
-
-def verify(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patterns=COURSE_PATTERNS) -> dict:
-    """Check every downloaded file against the server's checksum: sha256 for LFS files, the
-    git blob id for the rest (the ETag the Hub sends). Returns ``{file: "ok" | "missing" | "mismatch"}``."""
+def expected_files(repo_id: str, *, endpoint: str | None = None, allow_patterns=COURSE_PATTERNS, revision: str = "main") -> dict:
+    """``{file: checksums.Expected}`` as the server lists them (one tree request): the sha256 and size
+    of each LFS file, the git blob id and size of the others."""
     from fnmatch import fnmatch
 
-    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
 
-    api = HfApi(endpoint=endpoint)
-    files = [f for f in api.list_repo_files(repo_id) if any(fnmatch(f, p) for p in allow_patterns)]
-    result = {}
-    for name in files:
-        local = Path(local_dir) / name
-        if not local.is_file():
-            result[name] = "missing"
+    api = HfApi(endpoint=endpoint, token=hub_token(endpoint))
+    expected = {}
+    for entry in api.list_repo_tree(repo_id, recursive=True, revision=revision):
+        if not isinstance(entry, RepoFile) or not any(fnmatch(entry.path, pattern) for pattern in allow_patterns):
             continue
-        etag = get_hf_file_metadata(hf_hub_url(repo_id, name, endpoint=endpoint)).etag.strip('"')
-        actual = sha256(local) if len(etag) == 64 else git_blob_sha1(local)
-        result[name] = "ok" if actual == etag else "mismatch"
-    return result
+        expected[entry.path] = (checksums.Expected(entry.lfs.sha256, "sha256", entry.lfs.size) if entry.lfs is not None
+                                else checksums.Expected(entry.blob_id, "git-sha1", entry.size))
+    return expected
+
+
+def verify(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patterns=COURSE_PATTERNS, revision: str = "main") -> dict:
+    """Check every downloaded file against the server's checksum: sha256 for LFS files, the
+    git blob id for the rest (what the Hub's ETag carries). Returns ``{file: "ok" | "missing" | "mismatch"}``."""
+    require_hub_id(repo_id)
+    if not isinstance(local_dir, (str, os.PathLike)) or not Path(local_dir).is_dir():
+        raise ModelNotFoundError(f"No folder {str(local_dir)!r} to verify: download {repo_id} into it first with download.download.")
+    return checksums.compare(local_dir, expected_files(repo_id, endpoint=endpoint, allow_patterns=allow_patterns, revision=revision))

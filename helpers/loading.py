@@ -19,10 +19,12 @@ import torch
 from . import cards, models, placement
 from .errors import (
     BitsandbytesMissingError,
-    CudaUnavailableError,
     InsufficientGPUMemoryError,
+    InvalidChoiceError,
     OutdatedTransformersError,
+    require_bool,
     require_choice,
+    require_module_names,
 )
 from .models import Source
 from .noise import NO_KERNELS_PACKAGE, silenced
@@ -59,20 +61,16 @@ def check_transformers(version: str | None = None) -> None:
 
 def compute_device(device: Device) -> torch.device:
     """The device the decoder runs on; a clear error when CUDA is asked for but absent."""
-    resolved = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise CudaUnavailableError(
-                "CUDA is not available on this machine: pass device='cpu' (slow, for practice on the tiny model), "
-                "or on Colab choose Runtime > Change runtime type > T4 GPU."
-            )
-        index = resolved.index if resolved.index is not None else torch.cuda.current_device()
-        if index >= torch.cuda.device_count():
-            raise CudaUnavailableError(
-                f"There is no cuda:{index}; this machine has {torch.cuda.device_count()} GPU(s): pass device=0."
-            )
-        resolved = torch.device("cuda", index)
-    return resolved
+    return placement.require_device(device, "device")
+
+
+COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def require_compute_dtype(compute_dtype) -> torch.dtype:
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise InvalidChoiceError(f"compute_dtype={compute_dtype!r} is not supported; pass torch.bfloat16, or torch.float16 on a T4.")
+    return compute_dtype
 
 
 def require_bitsandbytes(quant: Quant) -> None:
@@ -202,8 +200,14 @@ def load_model(
     require_choice(quant, QUANTS, "quant")
     require_choice(ple, PLACEMENTS, "ple")
     target = compute_device(device)
+    keep_bf16 = require_module_names(keep_bf16)
+    require_compute_dtype(compute_dtype)
+    require_bool(double_quant, "double_quant")
+    require_bool(check_memory, "check_memory")
+    if device_map is not None:
+        placement.check_map_devices(device_map)
     require_bitsandbytes(quant)
-    path = models.resolve(source)
+    path = models.check_weight_files(models.resolve(source))
     config = models.load_config(path)
     skeleton = meta_model(config)
     if ple == "cpu":

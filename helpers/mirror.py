@@ -1,10 +1,19 @@
 """Serve a downloaded model to a classroom (or to yourself, offline) with an existing
 Hub-compatible mirror server: olah, in offline mode, from a local git repository.
 
-    python -m helpers.mirror serve ~/models/gemma-4-E4B-it --repo google/gemma-4-E4B-it --host 0.0.0.0
+    python -m helpers.mirror serve ~/models/gemma-4-E4B-it                 # this machine only
+    python -m helpers.mirror serve ~/models/gemma-4-E4B-it --classroom     # everyone on the network
 
-Learners then set ``HF_ENDPOINT=http://<instructor-ip>:8090`` and ``HF_HUB_DISABLE_XET=1``, and
-``hf download google/gemma-4-E4B-it`` pulls from the room instead of the internet.
+Learners then set ``HF_ENDPOINT=http://<instructor-ip>:8090``, ``HF_HUB_DISABLE_XET=1`` and
+``HF_HUB_DISABLE_IMPLICIT_TOKEN=1``, and ``hf download google/gemma-4-E4B-it`` pulls from the room
+instead of the internet.
+
+olah listens on loopback only. In front of it sits a small relay of our own (``Front``), the only
+thing the network can reach: it passes on the Hub's revision, file-list and file requests for the
+served repository, streaming, and refuses everything else before olah sees it: other paths
+(``/docs``, olah's ``/repos/...``), ``..`` and percent-encoded dots, unknown organisations and
+repositories, other methods, and requests that carry a hub token (a token has no business on a
+mirror that sends plain HTTP across a shared network).
 
 olah runs in a virtual environment of its own: its dependencies (fastapi-utils pins
 psutil<6) conflict with Jupyter's.
@@ -13,22 +22,34 @@ psutil<6) conflict with Jupyter's.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
-from .download import sha256
+from .checksums import sha256
+from .download import is_hub_id
 from .errors import CourseError
-from .paths import cache_dir
+from .paths import cache_subfolder, writable_folder
 
 OLAH_VERSION = "0.5.4"
 LFS_THRESHOLD_BYTES = 1024 * 1024  # files above this are stored as git-lfs objects, as on the Hub
 LFS_POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
+LOOPBACK = "127.0.0.1"
+EVERY_INTERFACE = "0.0.0.0"
+DEFAULT_PORT = 8090
+SOURCE_RECORD = "course-source.json"  # in the served repository's .git: the content hashes it was built from
+LEARNER_SETTINGS = "HF_HUB_DISABLE_XET=1 HF_HUB_DISABLE_IMPLICIT_TOKEN=1"
 
 
 class MirrorError(CourseError):
@@ -78,87 +99,381 @@ def _git(repo: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-def repository_path(mirrors_root: Path, repo_id: str) -> Path:
-    return Path(mirrors_root) / "models" / repo_id
+# ---------------------------------------------------------------- the served repository
+
+def require_repo_id(repo_id) -> str:
+    """``owner/name`` as the Hub spells it; anything else could name a folder outside the mirror."""
+    if not is_hub_id(repo_id):
+        raise MirrorError(f"{repo_id!r} is not a valid repo id; use owner/name as on the Hub, e.g. google/gemma-4-E4B-it.")
+    return repo_id
+
+
+def repository_path(mirrors_root, repo_id: str) -> Path:
+    """Where olah finds ``repo_id``: ``<mirrors_root>/models/<owner>/<name>``, never outside it."""
+    models = Path(mirrors_root) / "models"
+    target = models / require_repo_id(repo_id)
+    if not target.resolve().is_relative_to(models.resolve()):  # defence in depth: the id check already refused it
+        raise MirrorError(f"{repo_id!r} is not a valid repo id; it points outside {models}.")
+    return target
+
+
+def source_hashes(model_dir: Path) -> dict:
+    """``{relative path: sha256}`` of every file the mirror would serve from ``model_dir``."""
+    from tqdm.auto import tqdm
+
+    # a download folder keeps huggingface_hub's metadata in .cache/ inside it: not part of the model
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and ".cache" not in p.relative_to(model_dir).parts)
+    total = sum(p.stat().st_size for p in files)
+    hashes = {}
+    with tqdm(total=total, unit="B", unit_scale=True, desc="hashing the model folder", disable=total < 10**9) as bar:
+        for path in files:
+            hashes[path.relative_to(model_dir).as_posix()] = sha256(path)
+            bar.update(path.stat().st_size)
+    return hashes
 
 
 def prepare_repository(model_dir, mirrors_root, repo_id: str, lfs_threshold: int = LFS_THRESHOLD_BYTES) -> Path:
     """Lay ``model_dir`` out as the git repository olah serves: branch ``main`` (with ``master``
     every request answers 401), large files as git-lfs pointers with their objects under
-    ``.git/lfs/objects``. Built in a staging folder and renamed, so it is never half there."""
+    ``.git/lfs/objects``. Reused only while the folder's content hashes are those it was built
+    from; otherwise rebuilt in a staging folder and swapped in (old aside, new in, old deleted)."""
+    from filelock import FileLock
+
     if shutil.which("git") is None:
         raise MirrorError("git is not installed: install it (apt install git / https://git-scm.com) and retry.")
     model_dir = Path(model_dir)
-    # a download folder keeps huggingface_hub's metadata in .cache/ inside it: not part of the model
-    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and ".cache" not in p.relative_to(model_dir).parts)
     if not (model_dir / "config.json").is_file():
         raise MirrorError(f"{model_dir} has no config.json; pass the folder of a downloaded or saved model.")
     target = repository_path(mirrors_root, repo_id)
-    if (target / ".git").is_dir():
-        return target
-    staging = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex[:8]}")
-    staging.mkdir(parents=True)
-    try:
-        _git(staging, "init", "-q", "-b", "main")
-        for source in files:
-            relative = source.relative_to(model_dir)
-            destination = staging / relative
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            size = source.stat().st_size
-            if size > lfs_threshold:
-                oid = sha256(source)
-                obj = staging / ".git" / "lfs" / "objects" / oid[:2] / oid[2:4] / oid
-                obj.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(source, obj)  # no copy of 16 GB where the filesystem allows
-                except OSError:
-                    shutil.copyfile(source, obj)
-                destination.write_text(LFS_POINTER.format(oid=oid, size=size))
-            else:
-                shutil.copyfile(source, destination)
-        _git(staging, "add", "-A")
-        _git(staging, "commit", "-q", "-m", f"snapshot of {model_dir.name}")
-        os.replace(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    writable_folder(target.parent)
+    record = {"files": source_hashes(model_dir), "lfs_threshold": lfs_threshold}
+    with FileLock(str(target.parent / f".{target.name}.lock")):
+        for leftover in target.parent.glob(f".{target.name}.partial-*"):  # a killed builder's, under the lock
+            shutil.rmtree(leftover, ignore_errors=True)
+        recorded = target / ".git" / SOURCE_RECORD
+        if recorded.is_file() and json.loads(recorded.read_text()) == record:
+            return target
+        staging = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex[:8]}")
+        staging.mkdir()
+        try:
+            _lay_out(model_dir, staging, record)
+            aside = target.with_name(f".{target.name}.partial-old-{uuid.uuid4().hex[:8]}")
+            if target.exists():
+                os.replace(target, aside)
+            os.replace(staging, target)
+            shutil.rmtree(aside, ignore_errors=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _lay_out(model_dir: Path, repo: Path, record: dict) -> None:
+    _git(repo, "init", "-q", "-b", "main")
+    for relative, oid in record["files"].items():
+        source, destination = model_dir / relative, repo / relative
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        size = source.stat().st_size
+        if size > record["lfs_threshold"]:
+            obj = repo / ".git" / "lfs" / "objects" / oid[:2] / oid[2:4] / oid
+            obj.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                # no second copy of 16 GB where the filesystem allows; an edit of the source in place then
+                # edits this object too, which the content hashes catch at the next start
+                os.link(source, obj)
+            except OSError:
+                shutil.copyfile(source, obj)
+            destination.write_text(LFS_POINTER.format(oid=oid, size=size))
+        else:
+            shutil.copyfile(source, destination)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", f"snapshot of {model_dir.name}")
+    (repo / ".git" / SOURCE_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
 
 
 def free_port() -> int:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((LOOPBACK, 0))
         return probe.getsockname()[1]
 
 
+# ---------------------------------------------------------------- the front
+
+HEAD_TIMEOUT_S = 30  # a client that has not sent its request head by then is cut off
+RELAY_CHUNK_BYTES = 64 * 1024
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"}
+CREDENTIALS = {"authorization", "proxy-authorization", "cookie"}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    reason: str  # the counter's key: method, token, body, path, encoded, traversal, route, repository
+    message: str
+    error_code: str = ""  # huggingface_hub turns X-Error-Code: RepoNotFound into RepositoryNotFoundError
+
+    def response(self) -> bytes:
+        body = json.dumps({"error": self.message}).encode()
+        phrase = {400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}[self.status]
+        lines = [f"HTTP/1.1 {self.status} {phrase}", "Content-Type: application/json", f"Content-Length: {len(body)}",
+                 f"X-Error-Message: {self.message}", "Connection: close"]
+        if self.error_code:
+            lines.append(f"X-Error-Code: {self.error_code}")
+        if self.status == 405:
+            lines.append("Allow: GET, HEAD")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def parse_request_head(head: bytes) -> tuple:
+    """``(method, target, [(name, value), ...])`` of an HTTP/1.x request head; ValueError if malformed."""
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, version = lines[0].split(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(version)
+    headers = []
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers.append((name.strip(), value.strip()))
+    return method, target, headers
+
+
+def refusal(method: str, target: str, headers: list, repos: set) -> Refusal | None:
+    """Why the front refuses a request, or None when it is one the Hub's client makes for a served repository:
+    ``/api/models/<repo>[/revision|/tree/<rev>[/path]]`` or ``/<repo>/resolve/<rev>/<file>``, GET or HEAD."""
+    names = {name.lower() for name, _ in headers}
+    if method not in ("GET", "HEAD"):
+        return Refusal(405, "method", f"{method} is not served here; this mirror answers GET and HEAD only.")
+    if names & CREDENTIALS:
+        return Refusal(400, "token", "This mirror refuses requests that carry a hub token or cookie: set "
+                                     "HF_HUB_DISABLE_IMPLICIT_TOKEN=1 (helpers.download sends none) so it stays on your machine.")
+    if "transfer-encoding" in names or any(name.lower() == "content-length" and value != "0" for name, value in headers):
+        return Refusal(400, "body", "A GET or HEAD with a body is not served here.")
+    path = target.split("?", 1)[0]
+    if not path.startswith("/"):
+        return Refusal(400, "path", "Only absolute paths are served here.")
+    segments = []
+    for raw in path[1:].removesuffix("/").split("/"):  # huggingface_hub lists a tree as .../tree/<rev>/
+        lowered = raw.lower()
+        if any(code in lowered for code in ("%2e", "%2f", "%5c", "%00", "%25")) or "\\" in raw:
+            return Refusal(400, "encoded", "Percent-encoded dots, slashes and escapes are refused here.")
+        decoded = unquote(raw)
+        if decoded in ("", ".", "..") or any(ord(c) < 32 for c in decoded):
+            return Refusal(400, "traversal", "Empty, '.' and '..' path segments are refused here.")
+        segments.append(decoded)
+    repo = None
+    if segments[:2] == ["api", "models"] and len(segments) >= 4:
+        repo, rest = f"{segments[2]}/{segments[3]}", segments[4:]
+        if rest and not (rest[0] in ("revision", "tree") and len(rest) >= 2):
+            repo = None
+    elif len(segments) >= 5 and segments[2] == "resolve":
+        repo = f"{segments[0]}/{segments[1]}"
+    if repo is None:
+        return Refusal(404, "route", "Not served here: this mirror answers the Hub's revision, file-list and file requests only.")
+    if repo not in repos:
+        return Refusal(404, "repository", f"Repository {repo} is not served by this mirror.", "RepoNotFound")
+    return None
+
+
+class Front:
+    """The relay the network reaches: ``refusal`` decides, allowed requests stream on to olah."""
+
+    def __init__(self, host: str, port: int, repos: set):
+        self.host, self.port, self.repos = host, port, set(repos)
+        self.upstream_port = None
+        self.refused: Counter = Counter()  # reason -> requests refused
+        self.relayed = 0
+        self._socket = self._server = None
+
+    def bind(self) -> None:
+        """Take the port now, before olah starts, so that a port in use is reported, not served by someone else."""
+        try:
+            self._socket = socket.create_server((self.host, self.port))
+        except OSError as err:
+            raise MirrorError(f"Cannot listen on {self.host}:{self.port} ({err.strerror or err}); another program "
+                              f"is probably using the port: pass another port (--port) or stop that program.") from None
+
+    def serve(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self._server = ServerThread(self._handle, self._socket, f"mirror-front-{self.port}").start()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+        elif self._socket is not None:
+            self._socket.close()
+
+    async def _handle(self, reader, writer):
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+            method, target, headers = parse_request_head(head)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
+            writer.close()
+            return
+        refused = refusal(method, target, headers, self.repos)
+        if refused is not None:
+            self.refused[refused.reason] += 1
+            writer.write(refused.response())
+            await _drain_and_close(writer)
+            return
+        self.relayed += 1
+        kept = [f"{name}: {value}" for name, value in headers if name.lower() not in HOP_BY_HOP | CREDENTIALS]
+        forwarded = "\r\n".join([f"{method} {target} HTTP/1.1", *kept, "Connection: close", "", ""]).encode("latin-1")
+        try:
+            up_reader, up_writer = await asyncio.open_connection(LOOPBACK, self.upstream_port)
+        except OSError:
+            writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            await _drain_and_close(writer)
+            return
+        try:
+            up_writer.write(forwarded)
+            await up_writer.drain()
+            while chunk := await up_reader.read(RELAY_CHUNK_BYTES):
+                writer.write(chunk)
+                await writer.drain()  # at the client's pace: a 5 GB shard is never held here
+        except ConnectionError:
+            pass
+        finally:
+            up_writer.close()  # no await in here: a connection cancelled at stop must finish at once
+        await _drain_and_close(writer)
+
+
+class ServerThread:
+    """An asyncio server on a thread of its own, on a socket already listening; ``stop`` ends its
+    connections too (a stalled one included) and closes the socket."""
+
+    def __init__(self, handler, listening: socket.socket, name: str):
+        self.handler, self.listening, self.name = handler, listening, name
+        self._loop = self._thread = None
+
+    def start(self) -> ServerThread:
+        ready = threading.Event()
+
+        def run():
+            self._loop = asyncio.new_event_loop()
+            server = self._loop.run_until_complete(asyncio.start_server(self._closing_handler, sock=self.listening))
+            ready.set()
+            self._loop.run_forever()
+            server.close()
+            self._loop.run_until_complete(_cancel_connections())
+            self._loop.run_until_complete(server.wait_closed())
+            self._loop.close()
+
+        self._thread = threading.Thread(target=run, daemon=True, name=self.name)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    async def _closing_handler(self, reader, writer):
+        try:
+            await self.handler(reader, writer)
+        finally:
+            if not writer.is_closing():  # cancelled at stop, or failed: the connection is closed either way
+                writer.transport.abort()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+
+async def _cancel_connections() -> None:
+    """Connections still open when the server stops (a stalled client, a slow one) are ended, not orphaned."""
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
+    await asyncio.sleep(0.05)  # the closes they scheduled run before the loop ends
+
+
+async def _drain_and_close(writer) -> None:
+    try:
+        await writer.drain()
+    except ConnectionError:
+        pass
+    writer.close()
+
+
+# ---------------------------------------------------------------- the mirror
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 class Mirror:
-    """A running olah server; use as a context manager. ``endpoint`` is what HF_ENDPOINT takes.
+    """A running olah server behind the front; use as a context manager. ``endpoint`` is what HF_ENDPOINT takes.
+
+    Loopback unless ``classroom=True``, which listens on every interface (or on ``host``): the one
+    switch that exposes the model to the network, and ``exposure()`` says what that means.
 
     In offline mode olah answers ``/api/models/<repo>/revision/<rev>`` (what ``snapshot_download``
     asks) but 401 for the bare ``/api/models/<repo>``."""
 
-    def __init__(self, model_dir, repo_id: str, *, port: int | None = None, host: str = "127.0.0.1", workdir=None,
-                 lfs_threshold: int = LFS_THRESHOLD_BYTES):
-        self.repo_id = repo_id
-        self.host, self.port = host, port or free_port()
-        self.workdir = Path(workdir) if workdir else cache_dir() / "mirror"
+    def __init__(self, model_dir, repo_id: str, *, port: int | None = None, host: str | None = None,
+                 classroom: bool = False, workdir=None, lfs_threshold: int = LFS_THRESHOLD_BYTES):
+        self.repo_id = require_repo_id(repo_id)
+        if not isinstance(classroom, bool):
+            raise MirrorError(f"classroom={classroom!r} is not supported; pass True to serve the network, False for this machine.")
+        self.classroom = classroom
+        self.host = host or (EVERY_INTERFACE if classroom else LOOPBACK)
+        if not isinstance(self.host, str) or (not classroom and not is_loopback(self.host)):
+            raise MirrorError(f"host={self.host!r} would expose the mirror beyond this machine; pass classroom=True "
+                              f"(python -m helpers.mirror serve --classroom) to serve the room on purpose.")
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
+            raise MirrorError(f"port={port!r} is not a TCP port; pass a number from 1024 to 65535, e.g. {DEFAULT_PORT}.")
+        self.port = port or free_port()
+        self.workdir = writable_folder(workdir) if workdir else cache_subfolder("mirror")
         self.mirrors_root = self.workdir / "mirrors"
+        self.model_dir = Path(model_dir)
         self.repository = prepare_repository(model_dir, self.mirrors_root, repo_id, lfs_threshold)
+        self.commit = _git(self.repository, "rev-parse", "HEAD")
+        self.front = Front(self.host, self.port, {repo_id})
+        self.olah_port = None
         self.process = None
+        self.log = None
 
     @property
     def endpoint(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        host = LOOPBACK if self.host in (EVERY_INTERFACE, "::") else self.host
         return f"http://{host}:{self.port}"
 
+    @property
+    def olah_endpoint(self) -> str:
+        """olah itself, on loopback: what the front relays to (tests show what it would do unguarded)."""
+        return f"http://{LOOPBACK}:{self.olah_port}"
+
+    def exposure(self) -> str:
+        """One paragraph: who can reach the mirror, what it serves, what it refuses."""
+        files = [p for p in self.model_dir.rglob("*") if p.is_file() and ".cache" not in p.relative_to(self.model_dir).parts]
+        size = sum(p.stat().st_size for p in files) / 1e9
+        served = f"{self.repo_id} ({len(files)} files, {size:.2f} GB)"
+        refused = ("Nothing else is served: other paths, '..', encoded dots, other repositories and requests carrying "
+                   "a hub token are refused before they reach olah.")
+        if not self.classroom:
+            return f"Serving {served} to this machine only, at {self.endpoint}. {refused}"
+        where = "every network interface" if self.host in (EVERY_INTERFACE, "::") else self.host
+        return (f"Classroom mode: anyone who can reach this machine on port {self.port} ({where}) can download {served} "
+                f"over plain HTTP, without a password. {refused} Learners set {LEARNER_SETTINGS} so that their "
+                f"hub token never travels; stop the mirror (Ctrl+C) when the class is over.")
+
     def start(self, timeout: float = 60) -> Mirror:
+        self.front.bind()  # first: a port taken by another server is an error, not a success
+        try:
+            self._start_olah(timeout)
+            self.front.serve(self.olah_port)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_olah(self, timeout: float) -> None:
         import urllib.request
 
         command = olah_command()
+        self.olah_port = free_port()
         config = self.workdir / f"olah-{self.port}.toml"
-        self.workdir.mkdir(parents=True, exist_ok=True)
         config.write_text(
             "[basic]\n"
-            f'host = "{self.host}"\nport = {self.port}\n'
+            f'host = "{LOOPBACK}"\nport = {self.olah_port}\n'
             f'mirrors-path = ["{self.mirrors_root.as_posix()}"]\n'
             f'repos-path = "{(self.workdir / "olah-cache").as_posix()}"\n'
             "[accessibility]\noffline = true\n"
@@ -166,29 +481,34 @@ class Mirror:
         self.log = open(self.workdir / f"olah-{self.port}.log", "w")
         self.process = subprocess.Popen([*command, "-c", str(config)], stdout=self.log,
                                         stderr=subprocess.STDOUT, cwd=self.workdir)
+        probe = f"{self.olah_endpoint}/api/models/{self.repo_id}/revision/main"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                self.log.flush()
-                tail = Path(self.log.name).read_text(errors="replace").strip().splitlines()[-3:]
-                raise MirrorError(f"olah exited at start ({' | '.join(tail) or 'no output'}); full log: {self.log.name}")
+                raise MirrorError(f"olah exited at start ({self.log_tail()}); full log: {self.log.name}")
             try:
-                with urllib.request.urlopen(f"{self.endpoint}/api/models/{self.repo_id}/revision/main", timeout=2) as reply:
-                    if reply.status == 200:
-                        return self
-            except OSError:
+                with urllib.request.urlopen(probe, timeout=2) as reply:
+                    # ours only if it serves this repository at this commit: another server may hold the port
+                    if reply.status == 200 and json.loads(reply.read()).get("sha") == self.commit:
+                        return
+            except (OSError, ValueError):
                 time.sleep(0.3)
-        self.stop()
-        raise MirrorError(f"olah did not answer on {self.endpoint} within {timeout:.0f} s; see {self.log.name}")
+        raise MirrorError(f"olah did not answer on {self.olah_endpoint} within {timeout:.0f} s; see {self.log.name}")
+
+    def log_tail(self, lines: int = 3) -> str:
+        self.log.flush()
+        tail = Path(self.log.name).read_text(errors="replace").strip().splitlines()[-lines:]
+        return " | ".join(tail) or "no output"
 
     def stop(self) -> None:
+        self.front.close()
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        if getattr(self, "log", None):
+        if self.log is not None:
             self.log.close()
 
     def __enter__(self):
@@ -204,24 +524,28 @@ def main(argv=None) -> int:
     serve = sub.add_parser("serve", help="serve until Ctrl+C")
     serve.add_argument("model_dir")
     serve.add_argument("--repo", default="google/gemma-4-E4B-it", help="the repo id learners will ask for")
-    serve.add_argument("--host", default="0.0.0.0", help="0.0.0.0 to serve the room, 127.0.0.1 for yourself")
-    serve.add_argument("--port", type=int, default=8090)
+    serve.add_argument("--classroom", action="store_true",
+                       help="serve every machine that can reach this one (plain HTTP, no password); without it, only this machine")
+    serve.add_argument("--host", help="with --classroom: the one address to listen on (default: every interface)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT)
     args = parser.parse_args(argv)
     try:
-        mirror = Mirror(args.model_dir, args.repo, port=args.port, host=args.host).start()
+        mirror = Mirror(args.model_dir, args.repo, port=args.port, host=args.host, classroom=args.classroom).start()
     except CourseError as err:
-        print(err)
+        print(err, file=sys.stderr)
         return 2
-    print(f"Serving {args.repo} from {args.model_dir}. Learners run:\n"
-          f"  export HF_ENDPOINT=http://<this machine's address>:{args.port} HF_HUB_DISABLE_XET=1\n"
-          f"  hf download {args.repo}\nCtrl+C stops it.")
+    address = "<this machine's address>" if args.classroom else LOOPBACK
+    print(f"{mirror.exposure()}\nLearners run:\n"
+          f"  export HF_ENDPOINT=http://{address}:{mirror.port} {LEARNER_SETTINGS}\n"
+          f"  hf download {args.repo}\nCtrl+C stops it.", flush=True)
     try:
-        mirror.process.wait()
+        code = mirror.process.wait()
+        print(f"olah stopped by itself (exit {code}): {mirror.log_tail()}; full log: {mirror.log.name}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        pass
+        return 0
     finally:
         mirror.stop()
-    return 0
 
 
 if __name__ == "__main__":

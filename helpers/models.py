@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 from . import synthetic
-from .download import REAL_MODEL, explain_hub_error
-from .errors import ModelNotFoundError, NotAGemma4CheckpointError
+from .download import REAL_MODEL, explain_hub_error, hub_token, is_hub_id
+from .errors import CorruptCheckpointError, InvalidChoiceError, ModelNotFoundError, NotAGemma4CheckpointError
 
 DEFAULT_MODEL = "tiny"
 MODEL_ENV = "GEMMA_MODEL"
@@ -19,14 +18,18 @@ GEMMA4_MODEL_TYPES = {"gemma4", "gemma4_text"}
 SMALLER_SIBLING = {"e4b-shape": "e2b-shape", "tiny": "tiny"}
 # a hub id ("google/gemma-4-E4B-it"), a folder, a synthetic name ("tiny"), or None for $GEMMA_MODEL
 Source = str | os.PathLike | None
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def requested(source: Source = None) -> str:
     """What the user asked for: the argument, else ``$GEMMA_MODEL``, else ``tiny``."""
-    if source is not None:
-        return os.fspath(source)
-    return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
+    if source is not None and not isinstance(source, (str, os.PathLike)):
+        raise InvalidChoiceError(
+            f"source={source!r} is not a model; pass a hub id, a folder or one of {', '.join(synthetic.SHAPES)}.")
+    name = os.fspath(source) if source is not None else os.environ.get(MODEL_ENV) or DEFAULT_MODEL
+    if not name.strip():
+        raise InvalidChoiceError(
+            f"source={name!r} is empty; pass a hub id (e.g. {REAL_MODEL}), a folder or one of {', '.join(synthetic.SHAPES)}.")
+    return name
 
 
 def is_synthetic(source: Source = None) -> bool:
@@ -44,7 +47,14 @@ def check_checkpoint_folder(path: Path) -> Path:
         raise NotAGemma4CheckpointError(
             f"{path} has no config.json; point to the folder that `save_pretrained` or `hf download` wrote."
         )
-    model_type = json.loads(config_file.read_text()).get("model_type")
+    fix = "download or save the checkpoint again"
+    try:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise NotAGemma4CheckpointError(f"{config_file} is not valid JSON ({getattr(err, 'msg', err)}); {fix}.") from None
+    if not isinstance(config, dict):
+        raise NotAGemma4CheckpointError(f"{config_file} holds a {type(config).__name__}, not a JSON object; {fix}.")
+    model_type = config.get("model_type")
     if model_type not in GEMMA4_MODEL_TYPES:
         raise NotAGemma4CheckpointError(
             f"{path} holds a {model_type!r} model, not Gemma 4; this course needs a Gemma 4 checkpoint "
@@ -57,7 +67,7 @@ def _download(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id))
+        return Path(snapshot_download(repo_id, token=hub_token(None)))  # no hub token to a mirror
     except Exception as err:  # noqa: BLE001 - the hub's own errors become one sentence; others propagate
         explained = explain_hub_error(err, repo_id)
         if explained is None:
@@ -79,12 +89,49 @@ def resolve(source: Source = None) -> Path:
         return check_checkpoint_folder(path)
     if path.exists():
         raise NotAGemma4CheckpointError(f"{path} is a file; pass the folder that holds config.json.")
-    if _HUB_ID.match(name) and not name.startswith((".", "/", "~")):
+    if is_hub_id(name):
         return check_checkpoint_folder(_download(name))
     raise ModelNotFoundError(
-        f"No folder {str(path)!r} and not a hub id; pass an existing folder, a hub id like {REAL_MODEL}, "
-        f"or one of {', '.join(synthetic.SHAPES)}."
+        f"No folder {str(path)!r}, and {name!r} is not a valid hub id; pass an existing folder, a hub id like {REAL_MODEL} "
+        f"(no spaces, newlines or '..'), or one of {', '.join(synthetic.SHAPES)}."
     )
+
+
+def check_weight_files(path: Path) -> Path:
+    """Open the header of every safetensors file (and the shards an index names) before loading, so a
+    truncated, emptied or garbled file gets a sentence with the fix instead of safetensors' error."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    names = sorted(p.name for p in path.glob("*.safetensors"))
+    if index.is_file():
+        try:
+            names = sorted(set(names) | set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
+            raise CorruptCheckpointError(f"{index} is truncated or corrupt ({type(err).__name__}); {_repair_hint(path)}.") from None
+    for name in names:
+        shard = path / name
+        if not shard.is_file():
+            raise CorruptCheckpointError(f"{shard} is missing, though the index names it (truncated or corrupt "
+                                         f"checkpoint); {_repair_hint(path)}.")
+        try:
+            with safe_open(shard, "pt"):
+                pass
+        except SafetensorError as err:
+            raise CorruptCheckpointError(f"{shard} is truncated or corrupt ({str(err).strip()}); {_repair_hint(path)}.") from None
+    return path
+
+
+def _repair_hint(path: Path) -> str:
+    if synthetic.is_complete(path):
+        shape = json.loads((path / synthetic.COMPLETE_MARKER).read_text()).get("shape")
+        if shape in synthetic.SHAPES:
+            return f"rebuild it with `python -m helpers.synthetic {shape} --force`"
+        return "rebuild it with synthetic.build(config, folder, force=True)"
+    if (path / ".cache" / "huggingface").is_dir():
+        return "run download.download again, which fetches again every file that fails verification"
+    return "download or save the checkpoint again"
 
 
 def load_config(source=None):

@@ -1,7 +1,10 @@
 """Where the course keeps its files: the one place each data path is spelled."""
 
 import os
+import tempfile
 from pathlib import Path
+
+from .errors import UnwritableFolderError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
@@ -10,10 +13,37 @@ MEASUREMENTS_DIR = DATA_DIR / "measurements"  # the benchmark's records, one JSO
 GPU_TIER_DIR = DATA_DIR / "gpu-tier"  # the GPU tier's records and notebook runs
 PLANNER_DIR = DATA_DIR / "planner"  # the planner's calibration
 BUILDS_DIR = DATA_DIR / "builds"  # how long a synthetic build took and how much host memory it needed
+FAULTS_DIR = DATA_DIR / "faults"  # recorded fault-injection runs (tools/fault_run.py)
 BUILD_DIR = REPO_ROOT / "build"  # executed notebooks and JUnit files, never committed
+CACHE_ENV = "GEMMA_COURSE_CACHE"
 
 
 def cache_dir() -> Path:
     """Synthetic checkpoints live here; ``GEMMA_COURSE_CACHE`` moves them (e.g. to a bigger disk)."""
-    override = os.environ.get("GEMMA_COURSE_CACHE")
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "gemma-course"
+    override = os.environ.get(CACHE_ENV)
+    path = Path(override).expanduser() if override else Path.home() / ".cache" / "gemma-course"
+    if path.exists() and not path.is_dir():
+        raise UnwritableFolderError(
+            f"{CACHE_ENV}={override!r} is a file, not a folder; point it at a folder (it is created if missing)."
+            if override else f"{path} is a file, so the course cannot keep its cache there; move it away or set {CACHE_ENV}.")
+    return path
+
+
+def writable_folder(path, *, setting: str | None = None) -> Path:
+    """``path``, created if missing and proven writable, else one sentence saying what to change:
+    ``setting`` names the environment variable that chose it (else the folder is the caller's choice)."""
+    path = Path(path)
+    fix = f"set {setting} to a folder you can write" if setting else "choose a folder you can write"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(dir=path, prefix=".write-probe-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as err:
+        raise UnwritableFolderError(f"The course cannot write to {path} ({err.strerror or err}): {fix}.") from None
+    return path
+
+
+def cache_subfolder(*parts: str) -> Path:
+    """A folder inside the course cache, created and writable, or the sentence naming GEMMA_COURSE_CACHE."""
+    return writable_folder(cache_dir().joinpath(*parts), setting=CACHE_ENV)

@@ -17,13 +17,63 @@ from typing import Literal
 
 import torch
 
-from .errors import DeviceMapKeyError, NoPLETableError
+from .errors import CudaUnavailableError, DeviceMapKeyError, InvalidChoiceError, NoPLETableError, require_bool
 from .noise import ABSENT_DEVICE, silenced
 
 PLE_SUFFIX = "embed_tokens_per_layer"
 PEFT_PREFIX = "base_model.model."
 PLACEMENTS = ("gpu", "cpu")  # where the PLE table lives
 Placement = Literal["gpu", "cpu"]
+
+
+# ---------------------------------------------------------------- checking arguments
+
+def require_model(model, what: str = "model"):
+    """``model`` if it is a torch module (a loaded model, a meta skeleton, a PEFT wrapper)."""
+    if not isinstance(model, torch.nn.Module):
+        shown = repr(model) if len(repr(model)) <= 40 else f"a {type(model).__name__}"
+        raise InvalidChoiceError(f"{what}={shown} is not a model; pass the model that load_model returned.")
+    return model
+
+
+def require_device(value, what: str = "device") -> torch.device:
+    """The torch device for a GPU index, ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``; one
+    sentence for anything else, for CUDA on a machine without it, and for a GPU it does not have."""
+    on_a_mac = " (on a Mac, pass device='cpu')" if isinstance(value, str) and value.startswith("mps") else ""
+    unsupported = InvalidChoiceError(
+        f"{what}={value!r} is not supported; the course runs on 'cpu' or a CUDA GPU (0, 'cuda', 'cuda:1'){on_a_mac}.")
+    if isinstance(value, bool) or not isinstance(value, (int, str, torch.device)) or (isinstance(value, int) and value < 0):
+        raise unsupported
+    try:
+        device = torch.device("cuda", value) if isinstance(value, int) else torch.device(value)
+    except (RuntimeError, ValueError):
+        raise unsupported from None
+    if device.type not in ("cpu", "cuda"):
+        raise unsupported
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CudaUnavailableError(
+                f"{what}={value!r} asks for CUDA, which this machine does not have: pass device='cpu' (slow, for practice "
+                f"on the tiny model), or on Colab choose Runtime > Change runtime type > T4 GPU.")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise CudaUnavailableError(
+                f"{what}={value!r}: there is no cuda:{index}; this machine has {torch.cuda.device_count()} GPU(s): pass device=0.")
+        device = torch.device("cuda", index)
+    return device
+
+
+def check_map_devices(device_map) -> None:
+    """A device map is a dict of module names to devices this machine has (``"disk"`` too)."""
+    if not isinstance(device_map, dict):
+        raise InvalidChoiceError(
+            f"device_map={device_map!r} is not supported; pass a dict of module names to devices, e.g. "
+            f"{{'model': 0, 'lm_head': 0}}, or leave it out for the course's map.")
+    for key, value in device_map.items():
+        if not isinstance(key, str):
+            raise InvalidChoiceError(f"device_map key {key!r} is not a module name; use strings such as 'model.language_model'.")
+        if value != "disk":
+            require_device(value, f"device_map[{key!r}]")
 
 
 # ---------------------------------------------------------------- finding modules
@@ -120,6 +170,7 @@ def ple_device_map(model, compute_device, ple_device="cpu") -> dict:
     loading. The map names the siblings along the path to each PLE table, so every
     parameter is covered and nothing else moves.
     """
+    require_model(model)
     targets = require_ple(model)
     device_map: dict = {}
     covered_paths = set()
@@ -228,8 +279,10 @@ def offload_ple(model, compute_device=None, *, release_cached: bool = False):
     PyTorch to reuse but ``nvidia-smi`` still counts it. Pass ``release_cached=True`` to hand
     it back to the driver with ``torch.cuda.empty_cache()``.
     """
+    require_model(model)
+    require_bool(release_cached, "release_cached")
+    compute_device = require_device(compute_device) if compute_device is not None else compute_device_of(model)
     names = require_ple(model)
-    compute_device = torch.device(compute_device) if compute_device is not None else compute_device_of(model)
     for name in names:
         install_cpu_lookup(model.get_submodule(name), compute_device)
     if compute_device.type == "cuda":
@@ -337,6 +390,7 @@ def unique_tensors(model):
 
 def report(model) -> PlacementReport:
     """Where each top-level part lives, in bytes per device; tied weights are counted once."""
+    require_model(model)
     parts: dict = defaultdict(lambda: defaultdict(int))
     for module_name, module, tensor_name, tensor in unique_tensors(model):
         full = f"{module_name}.{tensor_name}" if module_name else tensor_name

@@ -19,11 +19,12 @@ from __future__ import annotations
 import functools
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from .cards import CARDS, SYSTEM_RAM_ALLOWANCE_BYTES
-from .errors import require_choice
+from .errors import CourseError, require_bool, require_choice, require_module_names, require_positive_number, require_whole_number
 from .models import load_config
 from .paths import PLANNER_DIR
 from .placement import PLACEMENTS
@@ -168,8 +169,12 @@ def predict(config, quant: str = "nf4", ple: str = "cpu", context: int = 8500, k
     (``generate`` keeps only the last one)."""
     require_choice(quant, QUANTS, "quant")
     require_choice(ple, PLACEMENTS, "ple")
+    keep_bf16 = require_module_names(keep_bf16)
+    require_bool(double_quant, "double_quant")
+    require_bool(all_logits, "all_logits")
     label = config if isinstance(config, str) else None
     config = load_config(config)
+    context = require_context(config, context)
     if label is not None:  # names are stable: build each meta model once per process
         weights = _named_weight_bytes(label, quant, ple, tuple(keep_bf16), double_quant)
     else:
@@ -185,6 +190,13 @@ def predict(config, quant: str = "nf4", ple: str = "cpu", context: int = 8500, k
     return MemoryEstimate(model=str(name), quant=quant, ple=ple, context=context, resident_bytes=weights.gpu_bytes,
                           peak_bytes=int(sum(terms.values())), cpu_bytes=weights.cpu_bytes, terms=terms,
                           weights_by_part=by_part, activations_from=profile.measured_on)
+
+
+def require_context(config, context) -> int:
+    """A prompt length the model can take: a whole number of tokens up to its ``max_position_embeddings``."""
+    window = text_config_of(config).max_position_embeddings
+    return require_whole_number(context, "context", minimum=1, maximum=window, unit="tokens",
+                                maximum_is="the model's max_position_embeddings")
 
 
 @functools.lru_cache(maxsize=64)
@@ -233,6 +245,7 @@ def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: 
     fractions (``allocator_reserve``), ``safe_context`` and ``fits`` the largest
     (``allocator_reserve_worst``): under a cap the reachable context is step-like, and a promise
     a card cannot keep costs an out-of-memory error, not a few tokens."""
+    require_positive_number(card_gb, "card_gb")
     calibration = calibration or load_calibration()
     estimate = predict(config, quant, ple, context, keep_bf16, calibration=calibration)  # a name keeps its cache
     config = load_config(config)
@@ -471,6 +484,14 @@ def main(argv=None) -> int:
     plan.add_argument("--quant", default="nf4")
     plan.add_argument("--context", type=int, default=8500)
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except CourseError as err:  # bad input: its sentence, not a traceback
+        print(err, file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
     if args.command == "calibrate":
         calibration = calibrate(latest_records())
         CALIBRATION.parent.mkdir(parents=True, exist_ok=True)
@@ -488,6 +509,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())

@@ -7,7 +7,7 @@ from typing import Literal
 
 import torch
 
-from .errors import require_choice
+from .errors import require_bool, require_choice, require_module_names
 from .noise import INT8_CAST, silenced
 
 QUANTS = ("bf16", "nf4", "fp4", "int8")
@@ -29,6 +29,9 @@ def quantization_config(quant: Quant, *, cpu_entries: bool = False, keep_bf16=()
     from transformers import BitsAndBytesConfig
 
     require_choice(quant, QUANTS, "quant")
+    keep_bf16 = require_module_names(keep_bf16)
+    require_bool(cpu_entries, "cpu_entries")
+    require_bool(double_quant, "double_quant")
     if quant == "bf16":
         return None
     skip = list(dict.fromkeys(["lm_head", *keep_bf16])) if keep_bf16 else None

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from .errors import InvalidChoiceError
-from .paths import BUILDS_DIR, CONFIG_DIR, cache_dir
+from . import checksums
+from .errors import CourseError, InvalidChoiceError, require_bool, require_whole_number
+from .paths import BUILDS_DIR, CONFIG_DIR, cache_dir, cache_subfolder, writable_folder
 
 SHAPES = {
     "tiny": "tiny.config.json",
@@ -48,7 +49,7 @@ CHAT_TEMPLATE = (
 
 def config_dict(shape: str) -> dict:
     """The raw config for a named synthetic shape, as stored in ``data/configs``."""
-    if shape not in SHAPES:
+    if not isinstance(shape, str) or shape not in SHAPES:
         raise InvalidChoiceError(
             f"Unknown synthetic shape {shape!r}; choose one of {', '.join(SHAPES)} or pass a config."
         )
@@ -61,7 +62,7 @@ def gemma4_config(shape_or_config):
 
     if isinstance(shape_or_config, PreTrainedConfig):
         return shape_or_config
-    raw = config_dict(shape_or_config) if isinstance(shape_or_config, str) else dict(shape_or_config)
+    raw = dict(shape_or_config) if isinstance(shape_or_config, dict) else config_dict(shape_or_config)
     return Gemma4Config(**raw)
 
 
@@ -77,7 +78,24 @@ def default_destination(shape_or_config) -> Path:
 
 
 def is_complete(path: Path) -> bool:
+    """The marker is written last, and atomically: where it exists, every file it lists was whole."""
     return (Path(path) / COMPLETE_MARKER).is_file()
+
+
+class NotASyntheticCheckpointError(CourseError):
+    """A folder without the build's marker, so without recorded checksums."""
+
+
+def verify(folder) -> dict:
+    """Check every file of a synthetic checkpoint against the sha256 its build recorded:
+    ``{file: "ok" | "missing" | "mismatch"}`` (a flipped byte, a truncated or a deleted file)."""
+    folder = Path(folder)
+    if not is_complete(folder):
+        raise NotASyntheticCheckpointError(
+            f"{folder} has no {COMPLETE_MARKER}, so no checksums were recorded for it; verify a synthetic build, "
+            f"or a download with download.verify(repo_id, folder).")
+    recorded = json.loads((folder / COMPLETE_MARKER).read_text())["sha256"]
+    return checksums.compare(folder, {name: checksums.Expected(digest) for name, digest in recorded.items()})
 
 
 def _special_token_ids(config) -> dict[str, int]:
@@ -206,14 +224,21 @@ def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = Fa
     from filelock import FileLock
 
     config = gemma4_config(shape)
+    require_whole_number(seed, "seed", minimum=0)
+    require_bool(force, "force")
+    require_bool(progress, "progress")
+    if dest is not None and not isinstance(dest, (str, os.PathLike)):
+        raise InvalidChoiceError(f"dest={dest!r} is not a folder path; pass a str or pathlib.Path, or leave it out.")
     dest = Path(dest) if dest is not None else default_destination(shape)
-    if is_complete(dest) and not force:
-        return dest
+    if dest.exists() and not dest.is_dir():
+        raise InvalidChoiceError(f"dest={str(dest)!r} is a file; choose an empty or new folder for the checkpoint.")
+    if is_complete(dest) and not force and not _siblings(dest, "partial") + _siblings(dest, "old"):
+        return dest  # the common case, without waiting for the lock
     # several processes may ask at once (bench --jobs, the GPU tier): one builds, the others wait
     # and reuse, so none replaces a checkpoint another is reading. The lock lives in the course
     # cache, not beside a folder the user chose.
-    locks = cache_dir() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
+    locks = cache_subfolder("locks")
+    writable_folder(dest.parent)
     with FileLock(str(locks / (hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:16] + ".lock"))):
         _recover(dest)
         if is_complete(dest) and not force:
@@ -244,7 +269,6 @@ def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Pat
         raise InvalidChoiceError(
             f"{dest} exists and is not a synthetic checkpoint; choose an empty or new folder."
         )
-    dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
     shape_name = shape if isinstance(shape, str) else "custom"
     started = time.time()
@@ -252,8 +276,9 @@ def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Pat
         staging.mkdir()
         hashes = write_weights(config, staging, seed=seed, progress=progress, desc=f"build {shape_name}")
         full_processor = save_text_and_media_processors(config, build_tokenizer(config), staging)
-        hashes.update({path.name: _sha256(path) for path in sorted(staging.iterdir()) if path.name not in hashes})
-        (staging / COMPLETE_MARKER).write_text(
+        hashes.update({path.name: checksums.sha256(path) for path in sorted(staging.iterdir()) if path.name not in hashes})
+        _write_atomically(
+            staging / COMPLETE_MARKER,
             json.dumps(
                 {
                     "shape": shape_name,
@@ -266,7 +291,7 @@ def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Pat
                     "note": "random weights: memory figures are real, generated text is not",
                 },
                 indent=2,
-            )
+            ),
         )
         _move_into_place(staging, dest)
     finally:
@@ -285,12 +310,11 @@ def _move_into_place(staging: Path, dest: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _write_atomically(path: Path, text: str) -> None:
+    """Written aside and renamed: a kill mid-write leaves no half marker that looks complete."""
+    aside = path.with_name(f".{path.name}.partial")
+    aside.write_text(text)
+    os.replace(aside, path)
 
 
 def skeleton(config):

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .errors import require_bool, require_choice, require_module_names
 from .models import auto_class_for
-from .placement import PLE_SUFFIX, Placement, part_of, unique_tensors
-from .quantization import Quant
+from .placement import PLACEMENTS, PLE_SUFFIX, Placement, part_of, require_model, unique_tensors
+from .quantization import QUANTS, Quant
 
 # CUDA context, cuBLAS workspaces and the first activations need room beyond the weights.
 GPU_HEADROOM_BYTES = 600 * 1024**2
@@ -74,6 +75,11 @@ def weight_bytes(model, quant: Quant = "nf4", ple: Placement = "cpu", keep_bf16=
     """Predict the GPU and CPU bytes of the weights for a quantization and PLE placement."""
     from accelerate.utils import compute_module_sizes
 
+    require_model(model)
+    require_choice(quant, QUANTS, "quant")
+    require_choice(ple, PLACEMENTS, "ple")
+    keep_bf16 = require_module_names(keep_bf16)
+    require_bool(double_quant, "double_quant")
     per_element = QUANT_BYTES_PER_WEIGHT[quant]
     if double_quant and quant in ("nf4", "fp4"):
         per_element = DOUBLE_QUANT_BYTES_PER_WEIGHT

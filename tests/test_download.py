@@ -3,6 +3,7 @@ that injects faults: the download completes, keeps finished files, and never lea
 or corrupt file where a loader would read it."""
 
 import errno
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,16 @@ def test_offline_mode_stops_at_once_with_the_fix(monkeypatch, tmp_path):
         download.download(REPO, tmp_path)
 
 
+def fault_run():
+    """tools/fault_run.py as a module (tools/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fault_run", Path(__file__).resolve().parents[1] / "tools" / "fault_run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def served_files(source: Path) -> dict:
     return {p.name: p.read_bytes() for p in source.iterdir() if p.is_file()}
 
@@ -63,16 +74,15 @@ def test_the_mirror_lays_large_files_out_as_lfs_pointers_on_branch_main(hub_mirr
     assert subprocess.run(["git", "branch", "--show-current"], cwd=repo, capture_output=True, text=True).stdout.strip() == "main"
 
 
-def test_download_survives_24_injected_faults_and_every_file_verifies(hub_mirror, source, tmp_path, short_timeouts):
-    with faults.FaultyProxy(hub_mirror.endpoint, PLAN, drop_after_bytes=20_000, stall_s=2) as proxy:
-        result = download.download(REPO, tmp_path, endpoint=proxy.endpoint, max_attempts=40, sleep=lambda s: None)
-        assert proxy.faults_left == 0 and sum(proxy.injected.values()) == 24
-        assert set(proxy.injected) == set(faults.KINDS)
-    assert result.attempts > 1 and result.errors
-    checks = download.verify(REPO, tmp_path, endpoint=hub_mirror.endpoint)
-    assert checks and set(checks.values()) == {"ok"}, checks
-    expected = served_files(source)
-    assert {name: (tmp_path / name).read_bytes() for name in expected} == expected
+def test_every_fault_kind_twice_ends_with_every_file_verified_and_none_spoiled(tmp_path):
+    """The small version of `python tools/fault_run.py --faults 200` (data/faults/)."""
+    record = fault_run().run(2 * len(faults.KINDS), seed=1, stall_s=1.5, workdir=tmp_path)
+    assert record["faults_injected"] == 2 * len(faults.KINDS)
+    assert record["injected_by_kind"] == {kind: 2 for kind in sorted(faults.KINDS)}
+    assert record["spoiled_files_download_returned"] == 0
+    assert record["files_delivered"] == record["rounds"] * 7  # every file of every round verified
+    assert record["files_refetched_after_verification"] >= 1  # the silent faults were caught by verification...
+    assert record["control_plain_snapshot_download"]["spoiled_files_accepted"] >= 1  # ...which alone catches them
 
 
 def test_no_partial_or_corrupt_file_is_ever_where_a_loader_reads(hub_mirror, source, tmp_path, short_timeouts):
@@ -97,6 +107,45 @@ def test_finished_files_are_never_downloaded_again_after_a_fault(hub_mirror, tmp
         download.download(REPO, tmp_path, endpoint=proxy.endpoint, max_attempts=40, sleep=lambda s: None)
         files = {path: n for path, n in proxy.complete_transfers.items() if "/resolve/" in path}
     assert files and set(files.values()) == {1}, files
+
+
+def spoil_through(proxy_plan, hub_mirror, folder):
+    """A plain snapshot_download through silent faults: it finishes, with spoiled files it believes current."""
+    from huggingface_hub import snapshot_download
+
+    with faults.FaultyProxy(hub_mirror.endpoint, proxy_plan) as proxy:
+        snapshot_download(REPO, local_dir=str(folder), endpoint=proxy.endpoint, token=False, allow_patterns=download.COURSE_PATTERNS)
+    return proxy
+
+
+def test_a_rerun_of_download_repairs_files_that_huggingface_hub_believes_current(hub_mirror, source, tmp_path):
+    from huggingface_hub import snapshot_download
+
+    proxy = spoil_through(["zero_length", "flip"], hub_mirror, tmp_path)  # a HEAD comes first, then GETs
+    expected = served_files(source)
+    spoiled = {name for name in expected if (tmp_path / name).read_bytes() != expected[name]}
+    assert sum(proxy.injected.values()) == 2 and len(spoiled) == 2
+    snapshot_download(REPO, local_dir=str(tmp_path), endpoint=hub_mirror.endpoint, token=False)
+    # the pitfall: huggingface_hub's own metadata says the spoiled files are current, so nothing is fetched
+    assert {name for name in expected if (tmp_path / name).read_bytes() != expected[name]} == spoiled
+    result = download.download(REPO, tmp_path, endpoint=hub_mirror.endpoint, max_attempts=3, sleep=lambda s: None)
+    assert set(result.refetched) == spoiled and set(result.checks.values()) == {"ok"}
+    assert {name: (tmp_path / name).read_bytes() for name in expected} == expected
+
+
+@pytest.mark.parametrize("spoil,status", [
+    (lambda p: p.write_bytes(p.read_bytes()[:-1] + bytes([p.read_bytes()[-1] ^ 1])), "mismatch"),
+    (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "mismatch"),
+    (lambda p: p.write_bytes(b""), "mismatch"),
+    (lambda p: p.unlink(), "missing"),
+], ids=["a flipped byte", "truncated", "emptied", "deleted"])
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"], ids=["an LFS file (sha256)", "a small file (git blob id)"])
+def test_verify_flags_a_spoiled_download_and_passes_a_whole_one(hub_mirror, tmp_path, spoil, status, name):
+    download.download(REPO, tmp_path, endpoint=hub_mirror.endpoint, max_attempts=2, sleep=lambda s: None)
+    assert set(download.verify(REPO, tmp_path, endpoint=hub_mirror.endpoint).values()) == {"ok"}  # the control
+    spoil(tmp_path / name)
+    checks = download.verify(REPO, tmp_path, endpoint=hub_mirror.endpoint)
+    assert {file: state for file, state in checks.items() if state != "ok"} == {name: status}
 
 
 def test_a_repository_the_mirror_does_not_have_is_a_clear_error(hub_mirror, tmp_path):
@@ -170,3 +219,15 @@ def test_an_olah_that_dies_at_start_is_reported_with_its_last_words(source, tmp_
     monkeypatch.setattr(mirror, "olah_command", lambda: [system.executable, "-c", "print('olah: config broken'); raise SystemExit(3)"])
     with pytest.raises(mirror.MirrorError, match="config broken"):
         mirror.Mirror(source, REPO, workdir=tmp_path).start(timeout=20)
+
+
+def test_the_recorded_fault_run_injected_200_faults_of_every_kind_and_download_returned_no_spoiled_file():
+    from helpers.paths import FAULTS_DIR
+
+    recorded = sorted(FAULTS_DIR.glob("*.json"))
+    assert recorded, "run `python tools/fault_run.py --faults 200`"
+    record = json.loads(recorded[-1].read_text())
+    assert record["faults_injected"] == record["faults_planned"] >= 200
+    assert set(record["injected_by_kind"]) == set(faults.KINDS)
+    assert record["spoiled_files_download_returned"] == 0 == sum(len(r["spoiled_though_download_returned"]) for r in record["per_round"])
+    assert record["control_plain_snapshot_download"]["spoiled_files_accepted"] > 0  # the faults did spoil files

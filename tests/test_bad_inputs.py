@@ -1,0 +1,318 @@
+"""Bad input, as a careless or hostile user types it: each row is an input and the one CourseError
+sentence it must get (its class and a phrase of the fix). No row may end in a bare library exception
+or, worse, a silent wrong result. ``tools/bad_input_census.py`` runs the same table on any tree and
+counts how each row was answered."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import anatomy, download, errors, faults, loading, mirror, models, placement, planner, quantization, synthetic, weights
+
+NO_CUDA = not torch.cuda.is_available()
+REPO = "google/gemma-4-E4B-it"
+
+
+class Inputs:
+    """The broken things the rows need, made on first use in ``root``."""
+
+    def __init__(self, root: Path, tiny: Path):
+        self.root, self.tiny = Path(root), Path(tiny)
+
+    def folder(self, name: str) -> Path:
+        path = self.root / name
+        if not path.exists():
+            shutil.copytree(self.tiny, path)
+        return path
+
+    def with_config(self, name: str, text: str) -> str:
+        path = self.folder(name)
+        (path / "config.json").write_text(text)
+        return str(path)
+
+    def with_weights(self, name: str, spoil) -> str:
+        path = self.folder(name)
+        shard = path / "model.safetensors"
+        shard.write_bytes(spoil(shard.read_bytes()))
+        return str(path)
+
+    def a_file(self) -> Path:
+        path = self.root / "a-file"
+        path.write_text("not a folder")
+        return path
+
+    @functools.cached_property
+    def meta(self):
+        return weights.meta_model(synthetic.gemma4_config("tiny"))
+
+    @functools.cached_property
+    def model(self):
+        return loading.load_model("tiny", quant="bf16", ple="gpu", device="cpu")
+
+
+UNWRITABLE = "/proc/gemma-course-cache"  # no process, root included, can create a folder here
+
+
+def truncated(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def garbled_header(data: bytes) -> bytes:
+    return b"\xff" * 64 + data[64:]
+
+
+def in_environment(name: str, value, call):
+    """Run ``call`` with an environment variable set, and put it back."""
+    import os
+
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return call()
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+# (what the user did, the call, the error class's name, a phrase of the sentence)
+CASES = [
+    # keep_bf16 given as a string was split into characters: a silent wrong answer in both places
+    ("keep_bf16 as a string, planner", lambda i: planner.predict("tiny", keep_bf16="lm_head"),
+     "InvalidChoiceError", "list of module names"),
+    ("keep_bf16 as a string, loader", lambda i: loading.load_model("tiny", quant="nf4", device="cpu", keep_bf16="lm_head"),
+     "InvalidChoiceError", "list of module names"),
+    ("keep_bf16 as a string, quantization config", lambda i: quantization.quantization_config("nf4", keep_bf16="lm_head"),
+     "InvalidChoiceError", "list of module names"),
+    ("keep_bf16 as a string, weight bytes", lambda i: weights.weight_bytes(i.meta, "nf4", keep_bf16="lm_head"),
+     "InvalidChoiceError", "list of module names"),
+    ("keep_bf16 holding a number", lambda i: planner.predict("tiny", keep_bf16=[3]), "InvalidChoiceError", "list of module names"),
+    # contexts
+    ("negative context", lambda i: planner.predict("tiny", context=-100000), "InvalidChoiceError", "whole number of tokens"),
+    ("zero context", lambda i: planner.predict("tiny", context=0), "InvalidChoiceError", "whole number of tokens"),
+    ("fractional context", lambda i: planner.predict("tiny", context=8500.5), "InvalidChoiceError", "whole number of tokens"),
+    ("context as text", lambda i: planner.predict("tiny", context="8500"), "InvalidChoiceError", "whole number of tokens"),
+    ("context True", lambda i: planner.predict("tiny", context=True), "InvalidChoiceError", "whole number of tokens"),
+    ("context past the model's window", lambda i: planner.predict("tiny", context=10**9), "InvalidChoiceError", "at most"),
+    ("negative context, fits", lambda i: planner.fits("tiny", 8, context=-5), "InvalidChoiceError", "whole number of tokens"),
+    ("negative card", lambda i: planner.fits("tiny", -8), "InvalidChoiceError", "card_gb"),
+    ("card as text", lambda i: planner.fits("tiny", "8"), "InvalidChoiceError", "card_gb"),
+    # config.json
+    ("truncated config.json", lambda i: models.resolve(i.with_config("cut-config", '{"model_type": "gem')),
+     "NotAGemma4CheckpointError", "not valid JSON"),
+    ("config.json holding a list", lambda i: models.resolve(i.with_config("list-config", "[]")),
+     "NotAGemma4CheckpointError", "JSON object"),
+    ("config.json holding a string", lambda i: models.resolve(i.with_config("string-config", '"gemma4"')),
+     "NotAGemma4CheckpointError", "JSON object"),
+    ("truncated config.json, planner", lambda i: planner.predict(i.with_config("cut-config-2", '{"model_')),
+     "NotAGemma4CheckpointError", "not valid JSON"),
+    ("truncated config.json, loader", lambda i: loading.load_model(i.with_config("cut-config-3", "{"), quant="bf16", device="cpu"),
+     "NotAGemma4CheckpointError", "not valid JSON"),
+    # sources
+    ("hub id with a trailing newline", lambda i: models.resolve(REPO + "\n"), "ModelNotFoundError", "not a valid hub id"),
+    ("hub id with a leading space", lambda i: models.resolve(" " + REPO), "ModelNotFoundError", "not a valid hub id"),
+    ("hub id with ..", lambda i: models.resolve("google/../gemma-4-E4B-it"), "ModelNotFoundError", "not a valid hub id"),
+    ("hub id ending in ..", lambda i: models.resolve("google/.."), "ModelNotFoundError", "not a valid hub id"),
+    ("resolve(5)", lambda i: models.resolve(5), "InvalidChoiceError", "hub id, a folder or"),
+    ("resolve a list", lambda i: models.resolve(["tiny"]), "InvalidChoiceError", "hub id, a folder or"),
+    ('resolve("")', lambda i: models.resolve(""), "InvalidChoiceError", "empty"),
+    ("resolve of blanks", lambda i: models.resolve("   "), "InvalidChoiceError", "empty"),
+    ("planner given a number", lambda i: planner.predict(5), "InvalidChoiceError", "hub id, a folder or"),
+    ("processor given a number", lambda i: loading.load_processor(5), "InvalidChoiceError", "hub id, a folder or"),
+    ('load_config("")', lambda i: models.load_config(""), "InvalidChoiceError", "empty"),
+    ("synthetic build of a number", lambda i: synthetic.build(5), "InvalidChoiceError", "tiny, e2b-shape, e4b-shape"),
+    ("synthetic seed as text", lambda i: synthetic.build("tiny", i.root / "seeded", seed="0"), "InvalidChoiceError", "seed"),
+    ("synthetic build onto a file", lambda i: synthetic.build("tiny", i.a_file()), "InvalidChoiceError", "is a file"),
+    # devices
+    ('device="tpu"', lambda i: loading.load_model("tiny", device="tpu"), "InvalidChoiceError", "device='tpu'"),
+    ('device="mps"', lambda i: loading.load_model("tiny", device="mps"), "InvalidChoiceError", "device='mps'"),
+    ("device=-1", lambda i: loading.load_model("tiny", device=-1), "InvalidChoiceError", "device=-1"),
+    ("device=True", lambda i: loading.load_model("tiny", device=True), "InvalidChoiceError", "device=True"),
+    ("device=1.5", lambda i: loading.load_model("tiny", device=1.5), "InvalidChoiceError", "device=1.5"),
+    ('device="cuda:x"', lambda i: loading.load_model("tiny", device="cuda:x"), "InvalidChoiceError", "device='cuda:x'"),
+    ('device_map={"": "cuda:3"} without CUDA', lambda i: loading.load_model("tiny", quant="bf16", device="cpu", device_map={"": "cuda:3"}),
+     "CudaUnavailableError", "device_map"),
+    ("device_map value tpu",
+     lambda i: loading.load_model("tiny", quant="bf16", device="cpu", device_map={"model": "tpu", "lm_head": "cpu"}),
+     "InvalidChoiceError", "device_map"),
+    ('device_map="auto"', lambda i: loading.load_model("tiny", quant="bf16", device="cpu", device_map="auto"),
+     "InvalidChoiceError", "dict"),
+    ('offload_ple(model, "cuda") without CUDA', lambda i: placement.offload_ple(i.model, "cuda"), "CudaUnavailableError", "device='cpu'"),
+    ('offload_ple(model, "tpu")', lambda i: placement.offload_ple(i.model, "tpu"), "InvalidChoiceError", "device='tpu'"),
+    ("offload_ple of a string", lambda i: placement.offload_ple("model"), "InvalidChoiceError", "load_model"),
+    ("report of None", lambda i: placement.report(None), "InvalidChoiceError", "load_model"),
+    ("module tree of a string", lambda i: anatomy.tree("model"), "InvalidChoiceError", "load_model"),
+    ("module tree of negative depth", lambda i: anatomy.tree(i.meta, max_depth=-1), "InvalidChoiceError", "max_depth"),
+    # other loader arguments
+    ("weight bytes of an unknown quant", lambda i: weights.weight_bytes(i.meta, "q4"), "InvalidChoiceError", "choose one of"),
+    ("weight bytes of an unknown placement", lambda i: weights.weight_bytes(i.meta, "nf4", "disk"), "InvalidChoiceError", "choose one of"),
+    ('double_quant="yes"', lambda i: loading.load_model("tiny", device="cpu", double_quant="yes"), "InvalidChoiceError", "True or False"),
+    ('check_memory="no"', lambda i: loading.load_model("tiny", device="cpu", check_memory="no"), "InvalidChoiceError", "True or False"),
+    # weights on disk
+    ("truncated safetensors", lambda i: loading.load_model(i.with_weights("cut-weights", truncated), quant="bf16", device="cpu"),
+     "CorruptCheckpointError", "truncated or corrupt"),
+    ("garbled safetensors header", lambda i: loading.load_model(i.with_weights("garbled", garbled_header), quant="bf16", device="cpu"),
+     "CorruptCheckpointError", "truncated or corrupt"),
+    ("empty safetensors", lambda i: loading.load_model(i.with_weights("empty", lambda data: b""), quant="bf16", device="cpu"),
+     "CorruptCheckpointError", "truncated or corrupt"),
+    # the cache
+    ("GEMMA_COURSE_CACHE pointing at a file",
+     lambda i: in_environment("GEMMA_COURSE_CACHE", str(i.a_file()), lambda: models.resolve("tiny")),
+     "CourseError", "GEMMA_COURSE_CACHE"),
+    ("GEMMA_COURSE_CACHE unwritable", lambda i: in_environment("GEMMA_COURSE_CACHE", UNWRITABLE, lambda: models.resolve("tiny")),
+     "CourseError", "cannot write"),
+    ("synthetic build into an unwritable folder", lambda i: synthetic.build("tiny", Path(UNWRITABLE) / "tiny"),
+     "CourseError", "cannot write"),
+    # downloads and the mirror
+    ("download of a hub id with a newline", lambda i: download.download(REPO + "\n", i.root / "dl"),
+     "ModelNotFoundError", "not a valid hub id"),
+    ("download of an escaping id", lambda i: download.download("../../escape/x", i.root / "dl"),
+     "ModelNotFoundError", "not a valid hub id"),
+    ("download with zero attempts", lambda i: download.download(REPO, i.root / "dl", max_attempts=0), "InvalidChoiceError", "max_attempts"),
+    ("download into a file", lambda i: download.download(REPO, i.a_file()), "InvalidChoiceError", "is a file"),
+    ("mirror endpoint without a scheme", lambda i: download.use_mirror("127.0.0.1:8090"), "InvalidChoiceError", "http://"),
+    ("empty mirror endpoint", lambda i: download.use_mirror(""), "InvalidChoiceError", "http://"),
+    ("verify a folder that does not exist", lambda i: download.verify(REPO, i.root / "never-downloaded"), "ModelNotFoundError", "download"),
+    ("mirror repo id escaping its root", lambda i: mirror.prepare_repository(i.tiny, i.root / "mirrors", "../../../escape/x"),
+     "MirrorError", "not a valid repo id"),
+    ("mirror repo id with a newline", lambda i: mirror.Mirror(i.tiny, REPO + "\n", workdir=i.root / "m"),
+     "MirrorError", "not a valid repo id"),
+    ("mirror on every interface without classroom mode", lambda i: mirror.Mirror(i.tiny, REPO, host="0.0.0.0", workdir=i.root / "m"),
+     "MirrorError", "classroom"),
+    ("mirror port out of range", lambda i: mirror.Mirror(i.tiny, REPO, port=70000, workdir=i.root / "m"), "MirrorError", "port"),
+    ("mirror of a folder without a model", lambda i: mirror.Mirror(i.root, REPO, workdir=i.root / "m"), "MirrorError", "config.json"),
+    ("fault plan with an unknown kind", lambda i: faults.FaultyProxy("http://127.0.0.1:9", ["explode"]),
+     "InvalidChoiceError", "choose one of"),
+    ("fault proxy upstream without a scheme", lambda i: faults.FaultyProxy("127.0.0.1:9"), "InvalidChoiceError", "http://"),
+]
+CUDA_ONLY_ROWS = {'device_map={"": "cuda:3"} without CUDA', 'offload_ple(model, "cuda") without CUDA'}
+
+
+def error_class(name: str):
+    """Course errors live in errors.py or beside the module that owns them (download, mirror)."""
+    for module in (errors, download, mirror):
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise LookupError(name)
+
+
+def answer(case, inputs: Inputs) -> tuple:
+    """How a row was answered: ("clear", message) when it is the expected CourseError sentence, else
+    ("wrong class" | "no phrase" | "several lines" | "bare exception" | "silent", detail)."""
+    what, call, class_name, phrase = case
+    try:
+        returned = call(inputs)
+    except errors.CourseError as err:
+        message = str(err)
+        if not isinstance(err, error_class(class_name)):
+            return "wrong class", f"{type(err).__name__}: {message}"
+        if phrase not in message:
+            return "no phrase", message
+        if "\n" in message.strip():
+            return "several lines", message
+        return "clear", message
+    except Exception as err:  # noqa: BLE001 - exactly what the census counts
+        return "bare exception", f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+    if isinstance(returned, mirror.Mirror):
+        returned.stop()
+    return "silent", repr(returned)[:120]
+
+
+@pytest.fixture(scope="module")
+def inputs(tiny_path, tmp_path_factory):
+    return Inputs(tmp_path_factory.mktemp("bad-inputs"), tiny_path)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
+def test_a_bad_input_gets_one_course_error_sentence_that_names_the_fix(case, inputs):
+    if case[0] in CUDA_ONLY_ROWS and not NO_CUDA:
+        pytest.skip("this machine has CUDA")
+    outcome, detail = answer(case, inputs)
+    assert outcome == "clear", f"{case[0]}: {outcome}: {detail}"
+
+
+def test_the_battery_covers_every_case_the_issue_lists():
+    rows = " | ".join(case[0] for case in CASES)
+    for listed in ("keep_bf16 as a string", "negative context", "fractional context", "context past",
+                   "truncated config.json", "config.json holding a list", "trailing newline", "hub id with ..", "resolve(5)",
+                   'resolve("")', 'device="tpu"', 'device="mps"', "device=-1", "device=True", 'device_map={"": "cuda:3"}',
+                   "truncated safetensors", "garbled safetensors", "GEMMA_COURSE_CACHE pointing at a file",
+                   "GEMMA_COURSE_CACHE unwritable", 'offload_ple(model, "cuda")'):
+        assert listed in rows, listed
+
+
+def test_the_census_tells_a_clear_answer_from_a_bare_exception_and_a_silent_result(inputs):
+    # the control: the classifier must be able to report each failure it counts
+    assert answer(("", lambda i: {}["missing"], "CourseError", ""), inputs)[0] == "bare exception"
+    assert answer(("", lambda i: 42, "CourseError", ""), inputs)[0] == "silent"
+    assert answer(("", lambda i: planner.predict("tiny", "q4"), "InvalidChoiceError", "no such words"), inputs)[0] == "no phrase"
+    assert answer(("", lambda i: planner.predict("tiny", "q4"), "InvalidChoiceError", "choose one of"), inputs)[0] == "clear"
+
+
+# Good inputs beside the bad: the validators must not refuse what the course teaches.
+ACCEPTED = [
+    ("keep_bf16 as a list", lambda i: planner.predict("tiny", context=512, keep_bf16=["lm_head"]).resident_bytes),
+    ("keep_bf16 as a tuple", lambda i: quantization.quantization_config("nf4", keep_bf16=("model.vision_tower",)).llm_int8_skip_modules),
+    ("context at the model's window", lambda i: planner.predict("tiny", context=synthetic.gemma4_config("tiny").get_text_config()
+                                                                  .max_position_embeddings).peak_bytes),
+    ("a numpy integer context", lambda i: planner.predict("tiny", context=__import__("numpy").int64(512)).peak_bytes),
+    ("a card of 7.5 GB", lambda i: planner.fits("tiny", 7.5, context=512).loads),
+    ("a folder as a Path", lambda i: models.resolve(i.tiny)),
+    ('device="cpu"', lambda i: placement.require_device("cpu")),
+    ("a torch.device", lambda i: placement.require_device(torch.device("cpu"))),
+    ("a device map of cpu entries", lambda i: loading.load_model("tiny", quant="bf16", device="cpu",
+                                                                 device_map={"model": "cpu", "lm_head": "cpu"})),
+    ("offload_ple onto the cpu", lambda i: placement.offload_ple(i.model, "cpu")),
+]
+
+
+@pytest.mark.parametrize("call", [row[1] for row in ACCEPTED], ids=[row[0] for row in ACCEPTED])
+def test_a_good_input_beside_each_bad_one_is_accepted(call, inputs):
+    assert call(inputs) is not None
+
+
+def test_keep_bf16_as_a_list_changes_the_prediction_and_the_loaded_model_alike(inputs):
+    import bitsandbytes as bnb
+
+    plain = planner.predict("tiny", "nf4", "gpu", 512).resident_bytes
+    kept = planner.predict("tiny", "nf4", "gpu", 512, keep_bf16=["model.vision_tower"]).resident_bytes
+    assert kept > plain
+    model = loading.load_model("tiny", quant="nf4", ple="gpu", device="cpu", keep_bf16=["model.vision_tower"])
+    kept_linears = [name for name, module in model.named_modules()
+                    if isinstance(module, torch.nn.Linear) and not isinstance(module, bnb.nn.Linear4bit)]
+    assert kept_linears and all(name.startswith("model.vision_tower") or name == "lm_head" for name in kept_linears)
+
+
+TINY_WINDOW = synthetic.gemma4_config("tiny").get_text_config().max_position_embeddings
+CLI_CASES = [
+    (["predict", "tiny", "--context", "-5"], "context=-5 is not supported; pass a whole number of tokens"),
+    (["predict", "tiny", "--context", "0"], "context=0 is not supported"),
+    (["predict", "tiny", "--context", str(TINY_WINDOW + 1)], f"at most {TINY_WINDOW:,} (the model's max_position_embeddings)"),
+    (["predict", "tiny", "--context", "512", "--quant", "q4"], "choose one of"),
+    (["predict", "", "--context", "512"], "empty"),
+]
+
+
+@pytest.mark.parametrize("argv,phrase", CLI_CASES, ids=[" ".join(argv) for argv, _ in CLI_CASES])
+def test_the_planner_cli_answers_a_bad_input_with_the_sentence_and_exit_code_2(argv, phrase, capsys):
+    assert planner.main(argv) == 2
+    captured = capsys.readouterr()
+    assert phrase in captured.err and "Traceback" not in captured.err and "fits" not in captured.out
+
+
+def test_the_planner_cli_refuses_a_fractional_context_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        planner.main(["predict", "tiny", "--context", "8500.5"])
+    assert stopped.value.code == 2 and "--context: invalid int value" in capsys.readouterr().err
+
+
+def test_the_planner_cli_still_answers_a_good_input(capsys):
+    # the control beside the refusals
+    assert planner.main(["predict", "tiny", "--context", "512"]) == 0
+    assert "512-token prefill" in capsys.readouterr().out

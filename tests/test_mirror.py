@@ -1,0 +1,318 @@
+"""The classroom mirror on loopback: it listens on loopback unless classroom mode is asked for, refuses
+traversal and everything but the Hub's requests for its repository before olah sees them, never
+receives a learner's hub token from the course, serves what its source folder holds now, and says
+so, with a non-zero exit, when it cannot start. Each refusal stands beside a request it must serve,
+and each guard beside what olah does without it."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers import download, faults, mirror, synthetic
+
+REPO = "google/gemma-4-E4B-it"
+SMALL_LFS = 100 * 1024
+FAKE_TOKEN = "hf_courseTestTokenThatMustNeverTravel"
+
+
+@pytest.fixture(autouse=True)
+def online_to_loopback_only(monkeypatch):
+    """The session runs with HF_HUB_OFFLINE=1; these tests talk to servers on 127.0.0.1 only."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_path, tmp_path_factory):
+    with mirror.Mirror(tiny_path, REPO, workdir=tmp_path_factory.mktemp("mirror"), lfs_threshold=SMALL_LFS) as running:
+        yield running
+
+
+def raw_request(port: int, request_line: str, *headers: str) -> tuple:
+    """(status code, body) for a request sent byte for byte: no client library normalises the path first."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall("\r\n".join([request_line, "Host: 127.0.0.1", *headers, "Connection: close", "", ""]).encode())
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head.lower():
+        body = dechunked(body)
+    return int(head.split(b" ")[1]), body
+
+
+def dechunked(data: bytes) -> bytes:
+    out = b""
+    while True:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return out
+        out, data = out + data[:size], data[size + 2:]
+
+
+def listening_addresses(pid: int) -> set:
+    """The addresses the process and its children listen on."""
+    process = psutil.Process(pid)
+    found = set()
+    for each in [process, *process.children(recursive=True)]:
+        found |= {c.laddr.ip for c in each.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    return found
+
+
+# ---------------------------------------------------------------- loopback unless told otherwise
+
+def start_cli(model: Path, *args: str, env=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "helpers.mirror", "serve", str(model), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for_line(process: subprocess.Popen, needle: str, timeout: float = 60) -> str:
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line and process.poll() is not None:
+            break
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+    raise AssertionError(f"{needle!r} never came: {''.join(seen)} {process.stderr.read() if process.poll() is not None else ''}")
+
+
+@pytest.mark.parametrize("classroom", [False, True], ids=["by default", "with --classroom"])
+def test_the_cli_listens_on_loopback_by_default_and_on_the_network_only_in_classroom_mode(tiny_path, tmp_path, classroom):
+    env = {**os.environ, "GEMMA_COURSE_CACHE": str(tmp_path)}
+    process = start_cli(tiny_path, "--port", str(mirror.free_port()), *(["--classroom"] if classroom else []), env=env)
+    try:
+        said = wait_for_line(process, "Ctrl+C stops it")
+        addresses = listening_addresses(process.pid)
+        assert addresses and "127.0.0.1" in addresses
+        if classroom:  # the control: the check sees an exposed server when there is one
+            assert "0.0.0.0" in addresses and "Classroom mode" in said and "without a password" in said
+        else:
+            assert addresses == {"127.0.0.1"} and "this machine only" in said
+        assert "HF_HUB_DISABLE_IMPLICIT_TOKEN=1" in said
+    finally:
+        process.terminate()
+        process.communicate(timeout=20)
+
+
+def test_the_api_serves_loopback_and_olah_stays_on_loopback_even_in_classroom_mode(tiny_path, tmp_path):
+    with mirror.Mirror(tiny_path, REPO, workdir=tmp_path, lfs_threshold=SMALL_LFS) as local:
+        assert local.front._socket.getsockname()[0] == "127.0.0.1"
+        assert listening_addresses(local.process.pid) == {"127.0.0.1"}
+    with mirror.Mirror(tiny_path, REPO, workdir=tmp_path, lfs_threshold=SMALL_LFS, classroom=True) as room:
+        assert room.front._socket.getsockname()[0] == "0.0.0.0"
+        assert listening_addresses(room.process.pid) == {"127.0.0.1"}  # olah itself: never on the network
+        assert "Classroom mode" in room.exposure() and "plain HTTP" in room.exposure()
+
+
+def test_serving_the_network_without_saying_classroom_is_refused(tiny_path, tmp_path):
+    with pytest.raises(mirror.MirrorError, match="classroom=True"):
+        mirror.Mirror(tiny_path, REPO, host="0.0.0.0", workdir=tmp_path)
+
+
+# ---------------------------------------------------------------- the front refuses before olah sees it
+
+REFUSED = [
+    ("GET /repos/%2e%2e/%2e%2e/%2e%2e/{name} HTTP/1.1", 400, "the issue's write outside olah's cache"),
+    ("GET /%2e%2e/decoy/resolve/main/config.json HTTP/1.1", 400, "an organisation named .."),
+    ("GET /%2E%2E/decoy/resolve/main/config.json HTTP/1.1", 400, "encoded dots in capitals"),
+    ("GET /%252e%252e/decoy/resolve/main/config.json HTTP/1.1", 400, "double-encoded dots"),
+    ("GET /../decoy/resolve/main/config.json HTTP/1.1", 400, "plain dots"),
+    ("GET /google/gemma-4-E4B-it/resolve/main/..%2f..%2fconfig.json HTTP/1.1", 400, "an encoded slash"),
+    ("GET /google/gemma-4-E4B-it/resolve/main/sub/../../../x HTTP/1.1", 400, "dots inside the file path"),
+    ("GET /evil/gemma-4-E4B-it/resolve/main/config.json HTTP/1.1", 404, "an unknown organisation"),
+    ("GET /google/other-model/resolve/main/config.json HTTP/1.1", 404, "an unknown repository"),
+    ("GET /api/models/evil/x/revision/main HTTP/1.1", 404, "an unknown repository's metadata"),
+    ("GET /docs HTTP/1.1", 404, "olah's API documentation"),
+    ("GET /openapi.json HTTP/1.1", 404, "olah's API schema"),
+    ("GET /repos HTTP/1.1", 404, "olah's repository list"),
+    ("POST /api/models/google/gemma-4-E4B-it/paths-info/main HTTP/1.1", 405, "another method"),
+]
+
+
+@pytest.mark.parametrize("request_line,status,what", REFUSED, ids=[row[2] for row in REFUSED])
+def test_the_front_refuses_traversal_and_unknown_paths_before_olah_sees_them(served, request_line, status, what):
+    name = f"escaped-{abs(hash(what))}"
+    relayed = served.front.relayed
+    code, _ = raw_request(served.port, request_line.format(name=name))
+    assert code == status
+    assert served.front.relayed == relayed  # never passed on
+    assert not (served.workdir / name).exists()
+
+
+def test_the_front_serves_the_hubs_own_requests_for_its_repository(served, tiny_path):
+    # the control beside the refusals: what learners need still comes through, byte for byte
+    code, body = raw_request(served.port, f"GET /{REPO}/resolve/main/config.json HTTP/1.1")
+    assert code == 200 and body == (tiny_path / "config.json").read_bytes()
+    code, body = raw_request(served.port, f"GET /api/models/{REPO}/revision/main HTTP/1.1")
+    assert code == 200 and json.loads(body)["sha"] == served.commit
+
+
+def test_without_the_front_olah_writes_outside_its_cache_and_serves_a_repository_outside_its_root(served, tiny_path, tmp_path):
+    # why the front exists: the same requests sent to olah directly do what the issue reported
+    code, _ = raw_request(served.olah_port, "GET /repos/%2e%2e/%2e%2e/%2e%2e/olah-escaped HTTP/1.1")
+    escaped = served.workdir / "olah-escaped"
+    assert escaped.exists(), "olah no longer writes there: the guard may be simplified"
+    shutil.rmtree(escaped)
+    decoy = mirror.prepare_repository(tiny_path, tmp_path / "elsewhere", "x/decoy", SMALL_LFS)
+    shutil.move(str(decoy), served.mirrors_root / "decoy")  # beside models/, outside it
+    try:
+        direct, _ = raw_request(served.olah_port, "GET /%2e%2e/decoy/resolve/main/config.json HTTP/1.1")
+        guarded, _ = raw_request(served.port, "GET /%2e%2e/decoy/resolve/main/config.json HTTP/1.1")
+    finally:
+        shutil.rmtree(served.mirrors_root / "decoy")
+    assert (direct, guarded) == (200, 400)
+
+
+# ---------------------------------------------------------------- no hub token reaches the mirror
+
+def test_the_course_sends_no_hub_token_to_a_mirror_and_the_control_would(served, tiny_path, tmp_path, monkeypatch):
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)  # as if the learner had logged in
+    with faults.FaultyProxy(served.endpoint) as recorder:  # no faults: it records what each request carried
+        download.download(REPO, tmp_path / "course", endpoint=recorder.endpoint, max_attempts=2, sleep=lambda s: None)
+        course = list(recorder.requests)
+        with pytest.raises(HfHubHTTPError, match="HF_HUB_DISABLE_IMPLICIT_TOKEN"):
+            HfApi(endpoint=recorder.endpoint).list_repo_files(REPO)  # huggingface_hub's default: the saved token
+        control = recorder.requests[len(course):]
+    assert len(course) >= 7 and all("authorization" not in names for _, _, names in course)
+    assert control and all("authorization" in names for _, _, names in control)
+    assert served.front.refused["token"] >= 1  # and the front refused what carried it
+
+
+def test_resolving_a_hub_id_with_hf_endpoint_on_a_mirror_sends_no_token(served, tmp_path):
+    # a learner's kernel: HF_ENDPOINT points at the room's mirror, and a token is saved
+    env = {**os.environ, "HF_ENDPOINT": "", "HF_TOKEN": FAKE_TOKEN, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "0",
+           "HF_HUB_DISABLE_XET": "1"}
+    with faults.FaultyProxy(served.endpoint) as recorder:
+        env["HF_ENDPOINT"] = recorder.endpoint
+        done = subprocess.run([sys.executable, "-c", f"from helpers import models; print(models.resolve({REPO!r}))"],
+                              capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert recorder.requests and all("authorization" not in names for _, _, names in recorder.requests)
+
+
+@pytest.mark.parametrize("endpoint,token", [
+    ("https://huggingface.co", None), (None, None), ("http://192.168.1.10:8090", False),
+    ("https://huggingface.co.example.com", False), ("http://huggingface.co", False),
+], ids=["the hub", "the default endpoint", "a classroom mirror", "a look-alike host", "the hub over plain HTTP"])
+def test_only_the_hub_itself_gets_the_saved_token(endpoint, token):
+    assert download.hub_token(endpoint) is token
+
+
+# ---------------------------------------------------------------- what is served is what the folder holds
+
+def test_a_changed_source_folder_is_served_as_it_is_now_not_as_it_was(tiny_path, tmp_path):
+    workdir = tmp_path / "mirror"
+    other = synthetic.build("tiny", tmp_path / "other", seed=1, progress=False)  # same names, other weights
+    assert (other / "model.safetensors").read_bytes() != (tiny_path / "model.safetensors").read_bytes()
+    fetched = {}
+    for label, source in (("first", tiny_path), ("same again", tiny_path), ("other", other)):
+        with mirror.Mirror(source, REPO, workdir=workdir, lfs_threshold=SMALL_LFS) as running:
+            folder = tmp_path / label
+            download.download(REPO, folder, endpoint=running.endpoint, max_attempts=2, sleep=lambda s: None)
+            fetched[label] = ((folder / "model.safetensors").read_bytes(), running.commit)
+    assert fetched["first"][0] == (tiny_path / "model.safetensors").read_bytes()
+    assert fetched["same again"][1] == fetched["first"][1]  # an unchanged folder: the repository is reused
+    assert fetched["other"][0] == (other / "model.safetensors").read_bytes() and fetched["other"][1] != fetched["first"][1]
+
+
+def test_a_byte_changed_in_place_in_the_source_rebuilds_the_repository(tiny_path, tmp_path):
+    source = Path(shutil.copytree(tiny_path, tmp_path / "source"))
+    first = mirror.prepare_repository(source, tmp_path / "mirrors", REPO, SMALL_LFS)
+    commit = mirror._git(first, "rev-parse", "HEAD")
+    data = bytearray((source / "tokenizer.json").read_bytes())
+    data[100] ^= 0x01  # same size, same name: only the content hashes tell
+    (source / "tokenizer.json").write_bytes(bytes(data))
+    again = mirror.prepare_repository(source, tmp_path / "mirrors", REPO, SMALL_LFS)
+    assert mirror._git(again, "rev-parse", "HEAD") != commit
+    assert (again / "tokenizer.json").read_bytes() == bytes(data)
+
+
+def test_a_repo_id_that_climbs_out_of_the_mirror_is_refused_and_nothing_is_written(tiny_path, tmp_path):
+    root = tmp_path / "deep" / "er" / "mirrors"
+    for repo_id in ("../../../escape/x", "google/..", "a/b/c", "google/gemma\n"):
+        with pytest.raises(mirror.MirrorError, match="not a valid repo id"):
+            mirror.prepare_repository(tiny_path, root, repo_id)
+    assert not any(tmp_path.rglob("escape")) and not root.exists()
+
+
+# ---------------------------------------------------------------- a start that fails says so
+
+@pytest.fixture
+def another_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_port_taken_by_another_server_stops_the_mirror_with_a_non_zero_exit(tiny_path, tmp_path, another_server):
+    env = {**os.environ, "GEMMA_COURSE_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "helpers.mirror", "serve", str(tiny_path), "--port", str(another_server)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode != 0 and "another program" in done.stderr and "Serving" not in done.stdout
+    with pytest.raises(mirror.MirrorError, match="another program"):
+        mirror.Mirror(tiny_path, REPO, port=another_server, workdir=tmp_path).start()
+    with socket.create_connection(("127.0.0.1", another_server)):
+        pass  # the other server is untouched
+
+
+def test_an_olah_that_dies_at_start_stops_the_cli_with_a_non_zero_exit_and_its_last_words(tiny_path, tmp_path):
+    fake = tmp_path / "olah"
+    (fake / "bin").mkdir(parents=True)
+    (fake / "bin" / "python").symlink_to(sys.executable)
+    (fake / "bin" / "olah-cli").write_text("print('olah: config broken')\nraise SystemExit(3)\n")
+    env = {**os.environ, "GEMMA_COURSE_CACHE": str(tmp_path), "OLAH_HOME": str(fake)}
+    done = subprocess.run([sys.executable, "-m", "helpers.mirror", "serve", str(tiny_path), "--port", str(mirror.free_port())],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode != 0 and "olah exited at start" in done.stderr and "config broken" in done.stderr
+
+
+FAKE_OLAH_THAT_DIES_WHILE_SERVING = """
+import http.server, json, os, re, subprocess, sys, threading, time
+text = open(sys.argv[sys.argv.index("-c") + 1]).read()  # the toml the mirror wrote (no tomllib before Python 3.11)
+config = {"host": re.search(r'host = "(.+?)"', text)[1], "port": int(re.search(r"port = (\\d+)", text)[1])}
+repo = os.path.join(re.search(r'mirrors-path = \\["(.+?)"\\]', text)[1], "models", "google", "gemma-4-E4B-it")
+sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+class Revision(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"sha": sha}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+server = http.server.HTTPServer((config["host"], config["port"]), Revision)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+time.sleep(3)
+print("olah: out of memory")
+os._exit(5)
+"""
+
+
+def test_an_olah_that_dies_while_serving_ends_the_cli_with_a_non_zero_exit_and_says_so(tiny_path, tmp_path):
+    fake = tmp_path / "olah"
+    (fake / "bin").mkdir(parents=True)
+    (fake / "bin" / "python").symlink_to(sys.executable)
+    (fake / "bin" / "olah-cli").write_text(FAKE_OLAH_THAT_DIES_WHILE_SERVING)
+    env = {**os.environ, "GEMMA_COURSE_CACHE": str(tmp_path), "OLAH_HOME": str(fake)}
+    process = start_cli(tiny_path, "--port", str(mirror.free_port()), env=env)
+    wait_for_line(process, "Ctrl+C stops it")  # it started: the fake answered as olah does
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1 and "olah stopped by itself (exit 5)" in stderr and "out of memory" in stderr

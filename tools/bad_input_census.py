@@ -1,0 +1,70 @@
+"""Count how the course answers the bad-input battery (tests/test_bad_inputs.py): a clear CourseError
+sentence, a bare library exception, a silent result, or a CourseError without the fix.
+
+    python tools/bad_input_census.py                      # this tree's helpers
+    PYTHONPATH=/tmp/older-tree python tools/bad_input_census.py --json census.json   # another tree's helpers
+
+The table is this repository's; the helpers are the first ``helpers`` on the path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # after PYTHONPATH: another tree's helpers win where one is given
+
+
+def battery():
+    spec = importlib.util.spec_from_file_location("test_bad_inputs", ROOT / "tests" / "test_bad_inputs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def census(workdir: Path) -> list:
+    os.environ.setdefault("GEMMA_COURSE_CACHE", str(workdir / "cache"))
+    os.environ["HF_HUB_OFFLINE"] = "1"  # as in the tests: nothing reaches the hub
+    table = battery()
+    from helpers import synthetic
+
+    inputs = table.Inputs(workdir / "inputs", synthetic.build("tiny", progress=False))
+    inputs.root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for case in table.CASES:
+        if case[0] in table.CUDA_ONLY_ROWS and not table.NO_CUDA:
+            continue
+        outcome, detail = table.answer(case, inputs)
+        rows.append({"input": case[0], "outcome": outcome, "detail": detail})
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="also write every row's outcome here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as workdir:
+        rows = census(Path(workdir))
+    import helpers
+
+    counts = Counter(row["outcome"] for row in rows)
+    for row in rows:
+        if row["outcome"] != "clear":
+            print(f"{row['outcome']:<15} {row['input']}: {row['detail']}")
+    print(f"helpers from {Path(helpers.__file__).parent}: {len(rows)} bad inputs; "
+          + ", ".join(f"{outcome} {n}" for outcome, n in counts.most_common()))
+    if args.json:
+        record = {"helpers": str(Path(helpers.__file__).parent), "counts": dict(counts), "rows": rows}
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+    return 0 if counts["clear"] == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
