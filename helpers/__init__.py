@@ -13,6 +13,7 @@ Imports point down this list, never up:
     anatomy, charts, environment   module trees, plots, the setup check
     mirror, faults                 a classroom mirror (olah); a fault-injecting proxy
     measure, bench                 the GPU runners: one route in a fresh process; the benchmark grid
+    chat, gguf_route               chatting through the chat template with streaming and a stop button; the llama.cpp route
 """
 
 __version__ = "0.1.0"

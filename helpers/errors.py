@@ -46,3 +46,11 @@ def require_choice(value, allowed, what: str):
     if isinstance(value, str) and value in allowed:
         return value
     raise InvalidChoiceError(f"{what}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}.")
+
+
+class ChatMessageError(CourseError):
+    """A chat message the processor would reject or read wrongly."""
+
+
+class LlamaCppMissingError(CourseError):
+    """The llama.cpp route asked for without llama-cpp-python, gguf or llama.cpp's converter."""
