@@ -17,8 +17,10 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import transformers
 from transformers import ProcessorMixin, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
+from . import loading
 from .errors import ChatMessageError, CourseError, require_choice
 from .placement import compute_device_of
 
@@ -283,10 +285,10 @@ class Turn:
     The cell that starts it returns at once, so the notebook can take the button's click while the
     model writes; ``wait()`` blocks until the reply is complete and returns it."""
 
-    def __init__(self, chat: Chat, messages: list, max_new_tokens: int):
+    def __init__(self, chat: Chat, messages: list, prompt: Prompt, max_new_tokens: int):
         import ipywidgets as widgets
 
-        self.chat, self.messages, self.max_new_tokens = chat, messages, max_new_tokens
+        self.chat, self.messages, self.prompt, self.max_new_tokens = chat, messages, prompt, max_new_tokens
         self.signal = StopSignal()
         self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning")
         self.stop_button.on_click(lambda _: self.stop())
@@ -317,10 +319,8 @@ class Turn:
             raise self._error
         return self._reply
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
+    def __repr__(self):
+        return f"<Turn: {'done' if self.done else 'writing'}; the widget shows the reply, wait() returns it>"
 
     def _show(self, text: str, status: str) -> None:
         thought, answer = split_thought(text)
@@ -374,7 +374,13 @@ class Chat:
     def ask(self, content, *, max_new_tokens: int | None = None, display: bool = True) -> Turn:
         """Send ``content`` (a string or a list of parts) and stream the reply; returns the running ``Turn``."""
         messages = self._with(content)
-        turn = Turn(self, messages, _check_new_tokens(max_new_tokens or self.max_new_tokens))
+        if not isinstance(self.processor, ProcessorMixin) and any(
+                part["type"] != "text" for part in messages[-1]["content"]):
+            raise CourseError("Images, audio and video need Gemma 4's full processor, which needs torchvision: "
+                              "pip install torchvision (matching your torch), then load the processor again.")
+        prompt = render(self.processor, messages, enable_thinking=self.enable_thinking,
+                        chat_template=self.chat_template, plain_strings=self.plain_strings)
+        turn = Turn(self, messages, prompt, _check_new_tokens(max_new_tokens or self.max_new_tokens))
         self._current = turn
         if display:
             from IPython.display import display as show
@@ -383,8 +389,7 @@ class Chat:
         return turn.start()
 
     def _generate(self, turn: Turn) -> Reply:
-        prompt = render(self.processor, turn.messages, enable_thinking=self.enable_thinking,
-                        chat_template=self.chat_template, plain_strings=self.plain_strings)
+        prompt = turn.prompt
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=False)
         inputs = _on_device(prompt.inputs, self.model)
         if self.sampling.seed is not None:
@@ -435,3 +440,38 @@ def _check_new_tokens(value) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise CourseError(f"max_new_tokens={value!r} must be a whole number of at least 1.")
     return value
+
+
+def probe(source=None) -> dict:
+    """What this environment's transformers does with a plain-string message, through the full Gemma 4
+    processor where torchvision allows it, else through ``TextProcessor`` (the same inherited code)."""
+    processor = loading.load_processor(source)
+    routed = processor_route(processor)
+    rendered = {}
+    for tokenize in (False, True):
+        try:
+            routed.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True,
+                                       tokenize=tokenize, return_dict=tokenize)
+            rendered[f"tokenize={tokenize}"] = "accepted"
+        except Exception as err:  # recorded as it is: the message is the finding
+            rendered[f"tokenize={tokenize}"] = f"{type(err).__name__}: {err}"
+    return {"transformers": transformers.__version__, "processor": type(routed).__name__, **rendered,
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="Chat-template checks from the command line.")
+    parser.add_argument("command", choices=["probe"], help="probe: what apply_chat_template does with a plain-string message")
+    parser.add_argument("--model", default=None, help="checkpoint (default $GEMMA_MODEL or tiny)")
+    args = parser.parse_args(argv)
+    print(json.dumps(probe(args.model)))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

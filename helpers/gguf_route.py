@@ -10,13 +10,17 @@ source distribution.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
+import io
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -26,6 +30,7 @@ from . import loading, models
 from .errors import CourseError, LlamaCppMissingError, require_choice
 from .measure import prompt_ids
 from .paths import GGUF_DIR, cache_dir
+from .placement import compute_device_of
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # its vendored llama.cpp has the Gemma 4 graph and converter
 GGUF_VERSION = "0.19.0"
@@ -66,6 +71,7 @@ def find_converter() -> Path | None:
 def extract_converter(sdist: Path, dest: Path) -> Path:
     """Copy the converter, its model classes, its gguf-py and the Gemma 4 templates out of the
     llama-cpp-python source distribution into ``dest`` (written aside, then renamed into place)."""
+    sdist, dest = Path(sdist), Path(dest)
     staging = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     try:
@@ -132,30 +138,36 @@ def quantize(source, dest, kind: str = "Q4_K_M", threads: int | None = None) -> 
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind}")
     params.nthread = threads or os.cpu_count() or 1
     started = time.perf_counter()
-    with _quiet_native_output():
+    with _captured_logs():
         status = llama_cpp.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params))
     if status != 0:
         raise CourseError(f"llama_model_quantize returned {status} for {source}: check that it is a GGUF file in bf16, f16 or f32.")
     return {"path": Path(dest), "bytes": Path(dest).stat().st_size, "seconds": time.perf_counter() - started}
 
 
-class _quiet_native_output:
-    """llama.cpp logs every tensor to the process's stderr (fd 2): send it to a file for the duration."""
+class _captured_logs:
+    """llama.cpp logs through llama-cpp-python's callback to ``sys.stderr`` (in a notebook, the cell's
+    output), and some native code writes to file descriptor 2: both go to a buffer for the duration.
+    ``.text`` holds what was logged."""
 
     def __enter__(self):
-        import tempfile
-
-        sys.stderr.flush()
-        self.log = tempfile.TemporaryFile()
+        self.buffer = io.StringIO()
+        self.redirect = contextlib.redirect_stderr(self.buffer)
+        self.redirect.__enter__()
+        sys.__stderr__.flush()
+        self.native = tempfile.TemporaryFile()
         self.saved = os.dup(2)
-        os.dup2(self.log.fileno(), 2)
+        os.dup2(self.native.fileno(), 2)
         return self
 
     def __exit__(self, *exc):
-        sys.stderr.flush()
+        sys.__stderr__.flush()
         os.dup2(self.saved, 2)
         os.close(self.saved)
-        self.log.close()
+        self.redirect.__exit__(*exc)
+        self.native.seek(0)
+        self.text = self.buffer.getvalue() + self.native.read().decode(errors="replace")
+        self.native.close()
 
 
 def read(path):
@@ -217,11 +229,23 @@ def load(path, *, n_ctx: int = 512, n_gpu_layers: int = 0, threads: int | None =
     library, which llama-cpp-python does not bind."""
     require_llama_cpp()
     from llama_cpp import Llama
+    from llama_cpp._logger import set_verbose
 
     check_kv_sharing_order(path)
-    with _quiet_native_output():
-        return Llama(model_path=str(path), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=threads or os.cpu_count(),
-                     verbose=False, **options)
+    with _captured_logs() as logs:
+        llm = Llama(model_path=str(path), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=threads or os.cpu_count(),
+                    verbose=True, **options)
+    llm.verbose = False
+    set_verbose(False)
+    llm.model_buffers = model_buffers(logs.text)
+    return llm
+
+
+def model_buffers(log: str) -> dict:
+    """Bytes per llama.cpp buffer from its load log: ``CPU_Mapped`` is the file itself, mapped; ``CPU_REPACK``
+    holds copies of matrices re-laid for the CPU's SIMD kernels; a GPU build adds ``CUDA0``."""
+    found = re.findall(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB", log)
+    return {name: int(float(mib) * 1024**2) for name, mib in found}
 
 
 def tokenize(llm, text: str) -> list:
@@ -348,6 +372,24 @@ def logits(llm, ids: list):
     return np.array(llm.scores[len(ids) - 1])
 
 
+def compare_logits(llm, model, ids: list) -> dict:
+    """llama.cpp's next-token logits against transformers' for the same ids. The control is transformers'
+    logits at the middle of the prompt, which must not match: without it a loose check could pass anything."""
+    import numpy as np
+    import torch
+
+    with torch.no_grad():
+        reference = model(torch.tensor([ids], device=compute_device_of(model))).logits[0].float().cpu().numpy()
+    ours = logits(llm, ids)
+    return {
+        "correlation": float(np.corrcoef(ours, reference[-1])[0, 1]),
+        "max_abs_difference": float(np.abs(ours - reference[-1]).max()),
+        "logit_std": float(reference[-1].std()),
+        "same_top_token": int(ours.argmax()) == int(reference[-1].argmax()),
+        "control_correlation": float(np.corrcoef(ours, reference[len(ids) // 2])[0, 1]),
+    }
+
+
 def measure(path, prompt_ids: list, new_tokens: int = 32, threads: int | None = None) -> dict:
     """The llama.cpp route on this CPU: load time, resident memory after loading and after generating,
     prefill and decode speed from llama.cpp's own timers."""
@@ -362,8 +404,10 @@ def measure(path, prompt_ids: list, new_tokens: int = 32, threads: int | None = 
         "load_seconds": round(load_seconds, 3),
         "rss_added_by_load_bytes": after_load - before,
         "rss_added_after_generate_bytes": rss_bytes() - before,
+        "model_buffers_bytes": llm.model_buffers,
         "prefill_tokens_per_s": rate(run["prefill_tokens"], run["prefill_seconds"]),
         "decode_tokens_per_s": rate(run["decode_tokens"], run["decode_seconds"]),
+        "seconds_per_new_token": round((run["prefill_seconds"] + run["decode_seconds"]) / max(len(run["ids"]), 1), 5),
         "prompt_tokens": len(prompt_ids),
         "new_tokens": len(run["ids"]),
         "distinct_new_tokens": len(set(run["ids"])),

@@ -232,3 +232,11 @@ def test_the_gpu_cache_is_freed_after_a_turn(tiny_model, processor):
         assert reply.reserved_bytes_after == torch.cuda.memory_reserved()
     else:
         assert reply.reserved_bytes_after == 0
+
+
+def test_an_image_without_the_full_processor_is_refused_before_generating(tiny_model, tiny_tokenizer):
+    session = greedy_chat(tiny_model, tiny_tokenizer)
+    picture = [{"type": "image", "url": "cat.png"}, {"type": "text", "text": "What is it?"}]
+    with pytest.raises(CourseError, match="pip install torchvision"):
+        session.ask(picture, display=False)
+    assert session.history == []
