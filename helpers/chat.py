@@ -245,8 +245,9 @@ class StopSignal(StoppingCriteria):
         return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
-def stop_token_ids(model) -> list:
-    ids = model.generation_config.eos_token_id
+def stop_token_ids(model_or_generation_config) -> list:
+    """The ids ``generate`` ends a reply on: ``generation_config.eos_token_id`` (for Gemma 4, ``<eos>`` and ``<turn|>``)."""
+    ids = getattr(model_or_generation_config, "generation_config", model_or_generation_config).eos_token_id
     return list(ids) if isinstance(ids, (list, tuple)) else [ids]
 
 

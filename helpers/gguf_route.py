@@ -45,15 +45,26 @@ QUANT_TYPES = ("Q4_K_M", "Q8_0")
 OUT_TYPES = ("bf16", "f16", "f32", "q8_0", "auto")
 
 
+def _import_problem() -> str | None:
+    """Why llama-cpp-python or gguf cannot be used here (missing, or its library fails to load), or None."""
+    for name in ("llama_cpp", "gguf"):
+        try:
+            importlib.import_module(name)
+        except (ImportError, OSError, RuntimeError) as err:  # a wheel built for another system fails with OSError
+            return f"{name}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")
+    return None
+
+
 def installed() -> bool:
-    return all(importlib.util.find_spec(name) is not None for name in ("llama_cpp", "gguf"))
+    return _import_problem() is None
 
 
 def require_llama_cpp() -> None:
-    if not installed():
+    problem = _import_problem()
+    if problem is not None:
         raise LlamaCppMissingError(
-            f"llama-cpp-python or gguf is not installed: run `{INSTALL}` (llama.cpp compiles from source, about "
-            f"10 minutes on two cores; `make llama-cpp` builds it once and caches the wheel), then restart the kernel.")
+            f"llama-cpp-python or gguf cannot be imported ({problem}): run `{INSTALL}` (llama.cpp compiles from source, "
+            f"about 10 minutes on two cores; `make llama-cpp` builds it once and caches the wheel), then restart the kernel.")
 
 
 def _has_converter(folder) -> bool:
@@ -108,7 +119,9 @@ def converter_dir() -> Path:
             f"Could not download llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}'s source to get llama.cpp's converter "
             f"({done.stderr.strip().splitlines()[-1:] or 'no file'}): run `make llama-cpp`, or set {SOURCE_ENV} to a "
             f"llama.cpp checkout.")
-    return extract_converter(sdists[0], cache_dir() / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}")
+    converter = extract_converter(sdists[0], cache_dir() / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}")
+    shutil.rmtree(downloads, ignore_errors=True)  # 76 MB, and pip keeps its own copy
+    return converter
 
 
 def convert(checkpoint, outfile, outtype: str = "bf16") -> dict:

@@ -20,10 +20,17 @@ needs_llama_cpp = pytest.mark.skipif(
     reason=f"llama-cpp-python, gguf or llama.cpp's converter is missing (make llama-cpp, or set {gguf_route.SOURCE_ENV})")
 
 
-def test_without_llama_cpp_python_the_route_names_the_pinned_install_command(monkeypatch):
-    monkeypatch.setattr(gguf_route.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(LlamaCppMissingError, match=f"llama-cpp-python=={gguf_route.LLAMA_CPP_PYTHON_VERSION}"):
+@pytest.mark.parametrize("failure", [ModuleNotFoundError("No module named 'llama_cpp'"),
+                                     OSError("libllama.so: cannot open shared object file")])
+def test_without_a_working_llama_cpp_python_the_route_names_the_pinned_install_command(monkeypatch, failure):
+    def unavailable(name):
+        raise failure
+
+    monkeypatch.setattr(gguf_route.importlib, "import_module", unavailable)
+    assert not gguf_route.installed()
+    with pytest.raises(LlamaCppMissingError, match=f"llama-cpp-python=={gguf_route.LLAMA_CPP_PYTHON_VERSION}") as missing:
         gguf_route.require_llama_cpp()
+    assert str(failure) in str(missing.value)
 
 
 @pytest.fixture(scope="module")
