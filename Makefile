@@ -10,7 +10,7 @@ TRANSFORMERS_MATRIX ?= 5.5.2 5.17.0
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 # The llama.cpp route (notebook 08): llama-cpp-python compiles llama.cpp from its source distribution,
-# about 10 minutes on two cores, so `make llama-cpp` builds the wheel once into $(LLAMA_CPP_DIR) and
+# several minutes on two cores, so `make llama-cpp` builds the wheel once into $(LLAMA_CPP_DIR) and
 # reuses it; the converter comes out of the same source distribution. Pins match helpers/gguf_route.py.
 LLAMA_CPP_PYTHON := 0.3.36
 GGUF := 0.19.0
@@ -42,7 +42,7 @@ $(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON): $(VENV)/.installed
 	@if [ ! -f $(LLAMA_CPP_SDIST) ]; then \
 		$(PY) -m pip download -q --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_CPP_DIR) || exit 1; fi
 	@if ! ls $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl >/dev/null 2>&1; then \
-		echo "Building llama-cpp-python $(LLAMA_CPP_PYTHON) from source, once (about 10 minutes on two cores; cached in $(LLAMA_CPP_DIR))"; \
+		echo "Building llama-cpp-python $(LLAMA_CPP_PYTHON) from source, once (several minutes on two cores; cached in $(LLAMA_CPP_DIR))"; \
 		start=$$(date +%s); \
 		CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PY) -m pip wheel -q --no-deps -w $(LLAMA_CPP_DIR) $(LLAMA_CPP_SDIST) || exit 1; \
 		echo "llama-cpp-python wheel built in $$(( $$(date +%s) - start )) s"; fi

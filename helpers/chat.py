@@ -21,7 +21,7 @@ import transformers
 from transformers import ProcessorMixin, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
 from . import loading
-from .errors import ChatMessageError, CourseError, require_choice
+from .errors import ChatMessageError, CourseError, InsufficientGPUMemoryError, require_choice
 from .placement import compute_device_of
 
 ROLES = ("system", "user", "assistant")
@@ -294,7 +294,7 @@ class Turn:
         self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning")
         self.stop_button.on_click(lambda _: self.stop())
         self.text_area = widgets.HTML()
-        self.status = widgets.Label("rendering the prompt")
+        self.status = widgets.Label("writing")
         self.widget = widgets.VBox([widgets.HBox([self.stop_button, self.status]), self.text_area])
         self._reply: Reply | None = None
         self._error: BaseException | None = None
@@ -416,6 +416,11 @@ class Chat:
             turn._show("".join(streamed), f"streaming: {len(streamed)} pieces")
         worker.join()
         seconds = time.perf_counter() - started
+        if isinstance(result.get("error"), torch.OutOfMemoryError):
+            free_gpu_cache()
+            raise InsufficientGPUMemoryError(
+                f"The GPU ran out of memory on a {len(prompt.ids):,}-token prompt plus up to {turn.max_new_tokens} new tokens: "
+                f"start a new Chat (the history is the prompt), lower max_new_tokens, or load with quant='nf4', ple='cpu'.") from None
         if "error" in result:
             raise result["error"]
         new_ids = result.pop("ids")[0, len(prompt.ids):].tolist()

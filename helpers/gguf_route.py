@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.util
+import importlib
 import io
 import os
 import re
@@ -37,8 +37,8 @@ GGUF_VERSION = "0.19.0"
 INSTALL = f"pip install llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} gguf=={GGUF_VERSION}"
 SOURCE_ENV = "LLAMA_CPP_SOURCE"  # a folder holding llama.cpp's convert_hf_to_gguf.py
 CONVERTER = "convert_hf_to_gguf.py"
-# what the converter needs from the source distribution: itself, its model classes, the gguf-py it
-# imports (newer than any gguf on PyPI), and the chat templates llama.cpp tests against
+# what the converter needs from the source distribution: itself, its model classes, the gguf-py it puts
+# first on its path (written with it), and Google's Gemma 4 templates that llama.cpp keeps for its tests
 SOURCE_PARTS = (CONVERTER, "conversion/", "gguf-py/", "models/templates/google-gemma-4-")
 PLE_TENSOR = "per_layer_token_embd.weight"  # llama.cpp's name for embed_tokens_per_layer
 QUANT_TYPES = ("Q4_K_M", "Q8_0")
@@ -64,7 +64,7 @@ def require_llama_cpp() -> None:
     if problem is not None:
         raise LlamaCppMissingError(
             f"llama-cpp-python or gguf cannot be imported ({problem}): run `{INSTALL}` (llama.cpp compiles from source, "
-            f"about 10 minutes on two cores; `make llama-cpp` builds it once and caches the wheel), then restart the kernel.")
+            f"several minutes on two cores; `make llama-cpp` builds it once and caches the wheel), then restart the kernel.")
 
 
 def _has_converter(folder) -> bool:

@@ -240,3 +240,17 @@ def test_an_image_without_the_full_processor_is_refused_before_generating(tiny_m
     with pytest.raises(CourseError, match="pip install torchvision"):
         session.ask(picture, display=False)
     assert session.history == []
+
+
+def test_running_out_of_gpu_memory_mid_reply_says_how_to_fit(tiny_model, processor, monkeypatch):
+    from helpers.errors import InsufficientGPUMemoryError
+
+    def out_of_memory(**kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    session = greedy_chat(tiny_model, processor)
+    monkeypatch.setattr(tiny_model, "generate", out_of_memory)
+    turn = session.ask(QUESTION, display=False)
+    with pytest.raises(InsufficientGPUMemoryError, match="ple='cpu'"):
+        turn.wait(timeout=60)
+    assert turn.status.value.startswith("failed: InsufficientGPUMemoryError") and session.history == []
