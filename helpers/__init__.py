@@ -8,7 +8,7 @@ Imports point down this list, never up:
     placement, quantization        device maps and the PLE offload; bitsandbytes configs
     weights                        bytes per part from the meta model, before loading
     loading                        load_model(source, quant, ple, device)
-    records                        readers of the recorded results (data/measurements, data/gpu-tier)
+    records                        readers of the recorded results (data/measurements, gpu-tier, gguf, chat)
     planner                        predict / fits: memory before loading, from a config and the records
     anatomy, charts, environment   module trees, plots, the setup check
     mirror, faults                 a classroom mirror (olah); a fault-injecting proxy
