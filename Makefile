@@ -9,8 +9,18 @@ CPU_TORCH := torch==2.13.0
 TRANSFORMERS_MATRIX ?= 5.5.2 5.17.0
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
+# The llama.cpp route (notebook 08): llama-cpp-python compiles llama.cpp from its source distribution,
+# several minutes on two cores, so `make llama-cpp` builds the wheel once into $(LLAMA_CPP_DIR) and
+# reuses it; the converter comes out of the same source distribution. Pins match helpers/gguf_route.py.
+LLAMA_CPP_PYTHON := 0.3.36
+GGUF := 0.19.0
+LLAMA_CPP_DIR := .cache/llama-cpp-python-$(LLAMA_CPP_PYTHON)
+LLAMA_CPP_SDIST := $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
+# x86-64 with AVX2 rather than -march=native, so the cached wheel runs on any recent x86 machine it is copied to
+LLAMA_CPP_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+export LLAMA_CPP_SOURCE := $(CURDIR)/$(LLAMA_CPP_DIR)/llama.cpp
 
-.PHONY: bench install lint test test-cpu test-notebooks test-matrix test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
+.PHONY: bench install lint llama-cpp test test-cpu test-notebooks test-matrix test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	@# On a CUDA machine the venv sees the system's torch and leaves it alone.
@@ -24,8 +34,24 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 
 install: $(VENV)/.installed
 
+## make llama-cpp: llama-cpp-python and gguf in the venv, the wheel built once and cached, the converter extracted
+llama-cpp: $(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON)
+
+$(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON): $(VENV)/.installed
+	@mkdir -p $(LLAMA_CPP_DIR)
+	@if [ ! -f $(LLAMA_CPP_SDIST) ]; then \
+		$(PY) -m pip download -q --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_CPP_DIR) || exit 1; fi
+	@if ! ls $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl >/dev/null 2>&1; then \
+		echo "Building llama-cpp-python $(LLAMA_CPP_PYTHON) from source, once (several minutes on two cores; cached in $(LLAMA_CPP_DIR))"; \
+		start=$$(date +%s); \
+		CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PY) -m pip wheel -q --no-deps -w $(LLAMA_CPP_DIR) $(LLAMA_CPP_SDIST) || exit 1; \
+		echo "llama-cpp-python wheel built in $$(( $$(date +%s) - start )) s"; fi
+	$(PY) -m pip install -q $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl gguf==$(GGUF)
+	$(PY) -c "from helpers import gguf_route; gguf_route.extract_converter('$(LLAMA_CPP_SDIST)', '$(LLAMA_CPP_SOURCE)')"
+	touch $@
+
 ## make test: every tier this machine can run
-test: install lint test-cpu test-notebooks test-matrix
+test: install lint llama-cpp test-cpu test-notebooks test-matrix
 	@if [ -n "$(HAS_CUDA)" ]; then $(MAKE) --no-print-directory test-gpu PYTHON_GPU=$(PY); fi
 
 lint: install
@@ -45,6 +71,8 @@ test-matrix: install
 			$(PY) -m pip install -q --target $$target "transformers==$$v" && touch $$target/.installed || exit 1; fi; \
 		echo "== CPU tier on transformers $$v"; \
 		PYTHONPATH=$$target $(PY) -m pytest tests -q -p no:cacheprovider -m "not gpu" || exit 1; \
+		echo "== notebook 07 (chat templates) on transformers $$v"; \
+		PYTHONPATH=$$target $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q notebooks/07_chat.ipynb || exit 1; \
 	done
 
 ## make test-gpu: the GPU tier, then nbval on e4b-shape on the learners' cards, with the machine's own python

@@ -9,11 +9,12 @@ Imports point down this list, never up:
     placement, quantization        device maps and the PLE offload; bitsandbytes configs
     weights                        bytes per part from the meta model, before loading
     loading                        load_model(source, quant, ple, device)
-    records                        readers of the recorded results (data/measurements, data/gpu-tier)
+    records                        readers of the recorded results (data/measurements, gpu-tier, gguf, chat)
     planner                        predict / fits: memory before loading, from a config and the records
     anatomy, charts, environment   module trees, plots, the setup check
     mirror, faults                 a classroom mirror (olah behind a guarding front); a fault-injecting proxy
     measure, bench                 the GPU runners: one route in a fresh process; the benchmark grid
+    chat, gguf_route               chatting through the chat template with streaming and a stop button; the llama.cpp route
 """
 
 __version__ = "0.1.0"

@@ -93,3 +93,11 @@ def require_positive_number(value, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value > 0 and math.isfinite(value)):
         raise InvalidChoiceError(f"{what}={value!r} is not supported; pass a number above zero, such as 8.")
     return value
+
+
+class ChatMessageError(CourseError):
+    """A chat message the processor would reject or read wrongly."""
+
+
+class LlamaCppMissingError(CourseError):
+    """The llama.cpp route asked for without llama-cpp-python, gguf or llama.cpp's converter."""

@@ -14,6 +14,8 @@ GPU_TIER_DIR = DATA_DIR / "gpu-tier"  # the GPU tier's records and notebook runs
 PLANNER_DIR = DATA_DIR / "planner"  # the planner's calibration
 BUILDS_DIR = DATA_DIR / "builds"  # how long a synthetic build took and how much host memory it needed
 FAULTS_DIR = DATA_DIR / "faults"  # recorded fault-injection runs (tools/fault_run.py)
+GGUF_DIR = DATA_DIR / "gguf"  # the llama.cpp route measured on a checkpoint (python -m helpers.gguf_route measure)
+CHAT_DIR = DATA_DIR / "chat"  # what each transformers release does with a plain-string message (tools/)
 BUILD_DIR = REPO_ROOT / "build"  # executed notebooks and JUnit files, never committed
 CACHE_ENV = "GEMMA_COURSE_CACHE"
 

@@ -1,5 +1,6 @@
-"""The recorded results: every reader of ``data/measurements`` (the benchmark) and ``data/gpu-tier``
-(the GPU tier), and the environment stamp every record carries. Reading them needs no GPU."""
+"""The recorded results: every reader of ``data/measurements`` (the benchmark), ``data/gpu-tier`` (the GPU
+tier), ``data/gguf`` (the llama.cpp route) and ``data/chat`` (plain-string messages per transformers
+release), and the environment stamp every record carries. Reading them needs no GPU."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import datetime
 import json
 from pathlib import Path
 
-from .paths import GPU_TIER_DIR, MEASUREMENTS_DIR
+from .paths import CHAT_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR
 
 
 def latest_records(directory: Path = MEASUREMENTS_DIR, preset: str | None = None) -> list:
@@ -41,6 +42,15 @@ def decode_speeds(model: str = "e4b-shape", quant: str = "nf4", directory: Path 
     return speeds
 
 
+def speed_record(model: str = "e4b-shape", route: str = "ple-cpu", quant: str = "nf4", directory: Path = MEASUREMENTS_DIR) -> dict:
+    """The speed preset's newest record for one route: load seconds, prefill tokens/s, decode tokens/s."""
+    for record in latest_records(directory, preset="speed"):
+        c = record["configuration"]
+        if c["model"] == model and c["quant"] == quant and (c.get("route") or f"ple-{c['ple']}") == route:
+            return record
+    raise FileNotFoundError(f"No speed record for {model} {quant} {route} in {directory}: run `python -m helpers.bench speed` on a GPU.")
+
+
 def gpu_tier(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU_TIER_DIR) -> dict:
     """The GPU tier's records for a model and quantization, route -> record."""
     path = Path(directory) / f"{model}-{quant}.json"
@@ -54,6 +64,27 @@ def gpu_tier_file(name: str, directory: Path = GPU_TIER_DIR) -> dict:
     path = Path(directory) / name
     if not path.is_file():
         raise FileNotFoundError(f"No GPU record {path}: it is written by a GPU run (see the README's GPU tier).")
+    return json.loads(path.read_text())
+
+
+def gguf_route(model: str = "e4b-shape", directory: Path = GGUF_DIR) -> dict:
+    """The llama.cpp route measured on a CPU for one checkpoint (``python -m helpers.gguf_route measure``)."""
+    path = Path(directory) / f"{model}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"No llama.cpp record at {path}: run `python -m helpers.gguf_route measure {model} --record`.")
+    return json.loads(path.read_text())
+
+
+def cited_route_comparison(directory: Path = GGUF_DIR) -> dict:
+    """The seed article's comparison of the two routes, as it stands (cited, not measured)."""
+    return json.loads((Path(directory) / "cited.json").read_text())
+
+
+def plain_string_outcomes(directory: Path = CHAT_DIR) -> list:
+    """What each probed transformers release does with a plain-string message (tools/probe_plain_strings.py)."""
+    path = Path(directory) / "plain-string-content.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"No record at {path}: run `python tools/probe_plain_strings.py 5.5.2 5.7.0`.")
     return json.loads(path.read_text())
 
 

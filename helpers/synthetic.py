@@ -28,10 +28,69 @@ SHAPES = {
 COMPLETE_MARKER = "synthetic-checkpoint.json"
 DEFAULT_SEED = 0
 
-# A byte-level vocabulary: every text encodes, decoding is exact, no merges file to ship.
+# The tokenizer is built the way Gemma's own is, so that llama.cpp's converter and tokenizer accept it:
+# SentencePiece-style BPE (spaces become "▁" before merging, no word splitting) with byte fallback to
+# "<0xNN>" tokens, so every text encodes and decodes exactly; a few letters and merges make the BPE real.
+# The vocabulary fills every id up to the config's vocab_size (unused ids as "<unusedN>"), because the
+# converter reads ids 0..N-1 in order and llama.cpp wants one token per embedding row.
 BYTE_TOKEN_BLOCK_STARTS = (1000, 16)  # first block of 256 free ids that fits the vocabulary
+SPACE_PIECE = "\u2581"
+BASE_PIECES = (SPACE_PIECE, "\n", *"abcdefghijklmnopqrstuvwxyz")
+MERGES = (("▁", "t"), ("h", "e"), ("▁t", "he"), ("i", "n"), ("e", "r"), ("o", "n"), ("a", "n"), ("▁", "a"),
+          ("r", "e"), ("▁", "w"), ("e", "s"), ("a", "t"), ("o", "r"), ("e", "n"), ("t", "o"), ("▁", "o"),
+          ("▁", "i"), ("i", "s"), ("n", "d"), ("▁", "p"))
+# Gemma 4's thinking switch and thought-channel markers, at the first ids the config leaves free
+# (the real tokenizer's ids for these are not in the config, so they are not claimed here).
+CHAT_CONTROL_TOKENS = {"think_token": "<|think|>", "soc_token": "<|channel>", "eoc_token": "<channel|>"}
+# Bumped when the tokenizer or chat template changes: an older build gets new text files at its next use.
+TEXT_FORMAT = 2
 
+# The course's own template in Gemma 4's turn format, written for the synthetic checkpoints (it is not
+# Google's file; notebook 07 shows how to tell templates apart): a system turn that carries "<|think|>"
+# when enable_thinking=True; "<|turn>role ... <turn|>" per message with "assistant" spoken as "model";
+# content as a string or a list of typed parts, with image, audio and video placeholders; earlier model
+# turns replayed without their "<|channel>thought ... <channel|>" part; the generation prompt
+# "<|turn>model\n", which is where E2B/E4B's templates end it (the 31B's adds an empty thought channel).
 CHAT_TEMPLATE = (
+    "{%- macro text_of(content) -%}"
+    "{%- if content is string -%}{{ content }}"
+    "{%- else -%}{%- for part in content if part['type'] == 'text' -%}{{ part['text'] }}{%- endfor -%}{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- macro without_thought(text) -%}"
+    "{%- set kept = namespace(text='') -%}"
+    "{%- for piece in text.split('<channel|>') -%}{%- set kept.text = kept.text + piece.split('<|channel>')[0] -%}{%- endfor -%}"
+    "{{ kept.text | trim }}"
+    "{%- endmacro -%}"
+    "{{- bos_token -}}"
+    "{%- set thinking = enable_thinking is defined and enable_thinking -%}"
+    "{%- set has_system = messages | length > 0 and messages[0]['role'] == 'system' -%}"
+    "{%- if thinking or has_system -%}"
+    "{{- '<|turn>system\\n' -}}"
+    "{%- if thinking -%}{{- '<|think|>\\n' -}}{%- endif -%}"
+    "{%- if has_system -%}{{- text_of(messages[0]['content']) | trim -}}{%- endif -%}"
+    "{{- '<turn|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in (messages[1:] if has_system else messages) -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<|turn>' + role + '\\n' -}}"
+    "{%- if message['content'] is string -%}"
+    "{{- without_thought(message['content']) if role == 'model' else message['content'] | trim -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'text' -%}{{- without_thought(part['text']) if role == 'model' else part['text'] | trim -}}"
+    "{%- elif part['type'] == 'image' -%}{{- '<|image|>' -}}"
+    "{%- elif part['type'] == 'audio' -%}{{- '<|audio|>' -}}"
+    "{%- elif part['type'] == 'video' -%}{{- '<|video|>' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<turn|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}{%- endif -%}"
+)
+
+# The template these checkpoints carried before: turn markers only. It ignores enable_thinking and system
+# handling; notebook 07 passes it as "another template" to show what a template that does not read a
+# keyword does with it (nothing, silently).
+TURNS_ONLY_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
     "<|turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
@@ -126,23 +185,40 @@ def _byte_block_start(special_ids, vocab_size: int) -> int:
         if block.stop <= vocab_size and not any(i in block for i in special_ids):
             return start
     raise InvalidChoiceError(
-        f"vocab_size={vocab_size} leaves no room for 256 byte tokens beside the special tokens; use at least 300."
+        f"vocab_size={vocab_size} leaves no room for 256 byte tokens beside the special tokens; use at least 320."
     )
 
 
+def vocabulary(config) -> tuple[dict[str, int], dict[str, int]]:
+    """(every token -> id, the special tokens -> id): the config's special ids, the chat controls at the
+    first free ids, 256 byte tokens, the pieces and merges, and "<unusedN>" up to ``vocab_size``."""
+    vocab_size = config.get_text_config().vocab_size
+    specials = _special_token_ids(config)
+    free = (i for i in range(vocab_size) if i not in set(specials.values()))
+    specials.update({token: next(free) for token in CHAT_CONTROL_TOKENS.values()})
+    start = _byte_block_start(specials.values(), vocab_size)
+    vocab = dict(specials)
+    vocab.update({f"<0x{byte:02X}>": start + byte for byte in range(256)})
+    pieces = [*BASE_PIECES, *("".join(pair) for pair in MERGES)]
+    taken = set(vocab.values())
+    free_ids = [i for i in range(vocab_size) if i not in taken]
+    if len(free_ids) < len(pieces):
+        raise InvalidChoiceError(f"vocab_size={vocab_size} is too small for the synthetic tokenizer; use at least 320.")
+    vocab.update(zip(pieces, free_ids))
+    vocab.update({f"<unused{n}>": i for n, i in enumerate(free_ids[len(pieces):])})
+    return vocab, specials
+
+
 def build_tokenizer(config):
-    """A byte-level tokenizer whose special tokens sit at the ids the config names."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    """A Gemma-style tokenizer (SentencePiece-style BPE with byte fallback) whose special tokens sit at
+    the ids the config names; llama.cpp's converter and tokenizer read it as they read Gemma 4's."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers
     from transformers import PreTrainedTokenizerFast
 
-    specials = _special_token_ids(config)
-    start = _byte_block_start(specials.values(), config.get_text_config().vocab_size)
-    vocab = dict(specials)
-    for offset, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet())):
-        vocab[symbol] = start + offset
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
+    vocab, specials = vocabulary(config)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES), unk_token="<unk>", byte_fallback=True))
+    backend.normalizer = normalizers.Replace(Regex(" "), SPACE_PIECE)
+    backend.decoder = decoders.Sequence([decoders.Replace(SPACE_PIECE, " "), decoders.ByteFallback(), decoders.Fuse()])
     backend.add_special_tokens(list(specials))
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
@@ -159,8 +235,10 @@ def build_tokenizer(config):
             "audio_token": "<|audio|>",
             "boa_token": "<|audio>",
             "eoa_token": "<audio|>",
+            "video_token": "<|video|>",
             "sot_token": "<|turn>",
             "eot_token": "<turn|>",
+            **CHAT_CONTROL_TOKENS,
         },
     )
 
@@ -232,7 +310,8 @@ def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = Fa
     dest = Path(dest) if dest is not None else default_destination(shape)
     if dest.exists() and not dest.is_dir():
         raise InvalidChoiceError(f"dest={str(dest)!r} is a file; choose an empty or new folder for the checkpoint.")
-    if is_complete(dest) and not force and not _siblings(dest, "partial") + _siblings(dest, "old"):
+    if (is_complete(dest) and not force and _text_format(dest) == TEXT_FORMAT
+            and not _siblings(dest, "partial") + _siblings(dest, "old")):
         return dest  # the common case, without waiting for the lock
     # several processes may ask at once (bench --jobs, the GPU tier): one builds, the others wait
     # and reuse, so none replaces a checkpoint another is reading. The lock lives in the course
@@ -242,8 +321,33 @@ def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = Fa
     with FileLock(str(locks / (hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:16] + ".lock"))):
         _recover(dest)
         if is_complete(dest) and not force:
+            if _text_format(dest) != TEXT_FORMAT:
+                _refresh_text_files(config, dest)
             return dest
         return _build_unlocked(shape, config, dest, seed, progress)
+
+
+def _text_format(path: Path) -> int:
+    return json.loads((Path(path) / COMPLETE_MARKER).read_text()).get("text_format", 1)
+
+
+def _refresh_text_files(config, dest: Path) -> None:
+    """Give a complete build from an older course the current tokenizer and chat template, weights
+    untouched: the files are written beside it, moved in one by one, and the marker (with their
+    hashes) is replaced last, so a kill midway leaves a build that is refreshed again next time."""
+    staging = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
+    try:
+        staging.mkdir()
+        full_processor = save_text_and_media_processors(config, build_tokenizer(config), staging)
+        marker = json.loads((dest / COMPLETE_MARKER).read_text())
+        for path in sorted(staging.iterdir()):
+            marker["sha256"][path.name] = _sha256(path)
+            os.replace(path, dest / path.name)
+        marker.update(full_processor=full_processor, text_format=TEXT_FORMAT)
+        (staging / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2))
+        os.replace(staging / COMPLETE_MARKER, dest / COMPLETE_MARKER)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _siblings(dest: Path, kind: str) -> list:
@@ -285,6 +389,7 @@ def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Pat
                     "seed": seed,
                     "config_sha256_12": config_fingerprint(config),
                     "full_processor": full_processor,
+                    "text_format": TEXT_FORMAT,
                     "built_in_s": round(time.time() - started, 1),
                     "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                     "sha256": hashes,

@@ -1,3 +1,4 @@
+import hashlib
 import json
 
 import pytest
@@ -230,3 +231,43 @@ def test_build_marker_records_seed_and_config_fingerprint(tiny_path):
 def test_unknown_shape_names_the_choices():
     with pytest.raises(InvalidChoiceError, match="tiny, e2b-shape, e4b-shape"):
         synthetic.build("e8b-shape")
+
+
+@pytest.mark.parametrize("shape", list(synthetic.SHAPES))
+def test_the_last_layer_before_the_kv_shared_ones_is_full_attention_as_llama_cpp_assumes(shape):
+    text = synthetic.gemma4_config(shape).get_text_config()
+    first_shared = text.num_hidden_layers - text.num_kv_shared_layers
+    assert text.layer_types[first_shared - 1] == "full_attention"
+    assert text.layer_types[first_shared - 2] == "sliding_attention"
+
+
+@pytest.mark.parametrize("shape", list(synthetic.SHAPES))
+def test_the_tokenizer_fills_every_id_once_so_llama_cpps_converter_can_read_them_in_order(shape):
+    config = synthetic.gemma4_config(shape)
+    vocab, specials = synthetic.vocabulary(config)
+    assert sorted(vocab.values()) == list(range(config.get_text_config().vocab_size))
+    assert all(vocab[token] == i for token, i in specials.items())
+    assert {f"<0x{b:02X}>" for b in range(256)} <= set(vocab)
+
+
+def test_the_tokenizer_is_sentencepiece_style_bpe_with_byte_fallback_and_merges(tiny_tokenizer):
+    pieces = tiny_tokenizer.tokenize("Where does the table live?")
+    assert "▁the" in pieces and "<0x57>" in pieces  # a merge, and "W" (no token of its own) as its byte
+    backend = json.loads(tiny_tokenizer.backend_tokenizer.to_str())
+    assert backend["model"]["type"] == "BPE" and backend["model"]["byte_fallback"]
+    assert backend["decoder"]["type"] == "Sequence"
+
+
+def test_an_older_build_gets_the_current_tokenizer_and_template_and_keeps_its_weights(tmp_path):
+    path = synthetic.build("tiny", tmp_path / "old", progress=False)
+    weights = (path / "model.safetensors").stat().st_mtime_ns
+    marker = json.loads((path / synthetic.COMPLETE_MARKER).read_text())
+    marker.pop("text_format")
+    (path / synthetic.COMPLETE_MARKER).write_text(json.dumps(marker))
+    (path / "chat_template.jinja").write_text(synthetic.TURNS_ONLY_TEMPLATE)
+    assert synthetic.build("tiny", path, progress=False) == path
+    assert (path / "chat_template.jinja").read_text() == synthetic.CHAT_TEMPLATE
+    refreshed = json.loads((path / synthetic.COMPLETE_MARKER).read_text())
+    assert refreshed["text_format"] == synthetic.TEXT_FORMAT
+    assert refreshed["sha256"]["chat_template.jinja"] == hashlib.sha256(synthetic.CHAT_TEMPLATE.encode()).hexdigest()
+    assert (path / "model.safetensors").stat().st_mtime_ns == weights

@@ -22,4 +22,13 @@ open(record, "w").writelines(kept)
 PY
 )
 rm "$wheel" && (cd "$work" && zip -qr "$OLDPWD/$wheel" .) && rm -rf "$work"
+# Notebook 08's llama.cpp cells, where `make llama-cpp` has built the wheel here: the wheel (ctypes, any
+# CPython 3; x86-64 with AVX2), gguf and diskcache, and llama.cpp's converter as a tarball. On the GPU box:
+#   mkdir -p .cache/llama-cpp-python-0.3.36 && tar xzf .whl/llama.cpp-converter.tar.gz -C .cache/llama-cpp-python-0.3.36
+llama=(.cache/llama-cpp-python-*/llama_cpp_python-*.whl)
+if [ -f "${llama[0]}" ]; then
+  cp "${llama[0]}" .whl/
+  python3 -m pip download -q "${args[@]}" gguf==0.19.0 diskcache==5.6.3
+  tar czf .whl/llama.cpp-converter.tar.gz -C "$(dirname "${llama[0]}")" llama.cpp
+fi
 ls -la .whl

@@ -26,8 +26,11 @@ tc = t["text_config"]
 tc.update(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1,
           head_dim=32, global_head_dim=64, hidden_size_per_layer_input=64, num_kv_shared_layers=2,
           sliding_window=8, vocab_size=320, vocab_size_per_layer_input=320, max_position_embeddings=4096,
-          layer_types=["sliding_attention", "sliding_attention", "full_attention",
-                       "sliding_attention", "sliding_attention", "full_attention"])
+          # as in E4B and E2B, the last layer before the KV-shared ones is full attention and the one
+          # before it sliding: llama.cpp's Gemma 4 KV reuse assumes this order (llama-model.cpp) and
+          # aborts on any other (GGML_ASSERT in llama-kv-cache.cpp)
+          layer_types=["sliding_attention", "sliding_attention", "sliding_attention",
+                       "full_attention", "sliding_attention", "full_attention"])
 vc = t["vision_config"]
 vc.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
           head_dim=32, global_head_dim=32, position_embedding_size=256, default_output_length=70)

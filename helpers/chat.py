@@ -1,0 +1,483 @@
+"""Chat with Gemma 4 through transformers: messages checked, rendered by the checkpoint's own chat
+template, streamed token by token into a notebook widget with a stop button, the history kept.
+
+Gemma 4 speaks in turns: ``<|turn>user\\n ... <turn|>\\n``, the reply opens with ``<|turn>model\\n`` and
+ends with the stop token ``<turn|>`` (``generation_config.eos_token_id`` lists it beside ``<eos>``). With
+``enable_thinking=True`` the template puts ``<|think|>`` in a system turn, and the model writes its
+thought as ``<|channel>thought\\n ... <channel|>`` before the answer; earlier thoughts are not replayed.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import html
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+import transformers
+from transformers import ProcessorMixin, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+from . import loading
+from .errors import ChatMessageError, CourseError, InsufficientGPUMemoryError, require_choice
+from .placement import compute_device_of
+
+ROLES = ("system", "user", "assistant")
+PLAIN_STRINGS = ("convert", "refuse")
+# the keys a media part may carry its data under (transformers' processors read these)
+MEDIA_KEYS = {"image": ("image", "url", "path", "base64"), "audio": ("audio", "url", "path"), "video": ("video", "url", "path")}
+THOUGHT_OPEN, THOUGHT_CLOSE = "<|channel>", "<channel|>"
+THINK_SWITCH = "<|think|>"
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "text", "text": text}
+
+
+def check_messages(messages, *, plain_strings: str = "convert") -> list[dict]:
+    """A checked copy of ``messages``: roles known, a system message only first, content a list of
+    typed parts. A plain-string content is converted to ``[{"type": "text", "text": ...}]``, or refused
+    with ``plain_strings="refuse"``. Every problem is one ``ChatMessageError`` sentence."""
+    require_choice(plain_strings, PLAIN_STRINGS, "plain_strings")
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ChatMessageError(
+            f"messages must be a non-empty list of {{'role': ..., 'content': ...}} dicts, not {type(messages).__name__}: "
+            f"start with [{{'role': 'user', 'content': [{{'type': 'text', 'text': 'Hello'}}]}}].")
+    checked = []
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise ChatMessageError(f"{where} must be a dict with 'role' and 'content' keys, not {message!r}.")
+        role = message["role"]
+        if role not in ROLES:
+            raise ChatMessageError(f"{where} has role {role!r}; Gemma 4's template knows {', '.join(map(repr, ROLES))}: "
+                                   f"use 'assistant' for the model's turns (the template writes it as 'model').")
+        if role == "system" and index != 0:
+            raise ChatMessageError(f"{where} is a system message after the first message; the template reads a system "
+                                   f"message only at the start: move it to messages[0].")
+        checked.append({**message, "content": _checked_content(message["content"], where, role, plain_strings)})
+    return checked
+
+
+def _checked_content(content, where: str, role: str, plain_strings: str) -> list[dict]:
+    if isinstance(content, str):
+        if plain_strings == "refuse":
+            raise ChatMessageError(
+                f"{where} ({role}) has its content as a plain string, which Gemma 4's processor rejects on transformers "
+                f"5.5-5.6: write [{{'type': 'text', 'text': {content[:20]!r}}}] or pass plain_strings='convert'.")
+        return [_text_part(content)]
+    if not isinstance(content, (list, tuple)) or not content:
+        raise ChatMessageError(f"{where} ({role}) needs content: a non-empty list of parts such as "
+                               f"{{'type': 'text', 'text': ...}}, not {content!r}.")
+    parts = []
+    for number, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise ChatMessageError(f"{where} part {number} is a text part without a string under 'text': add 'text': '...'.")
+        elif kind in MEDIA_KEYS:
+            if role != "user":
+                raise ChatMessageError(f"{where} part {number}: a {kind} can only come from the user, not from {role!r}.")
+            if not any(key in part for key in MEDIA_KEYS[kind]):
+                raise ChatMessageError(f"{where} part {number} is an {kind} part without its data: add one of "
+                                       f"{', '.join(map(repr, MEDIA_KEYS[kind]))} (a PIL image, a path or a URL).")
+        else:
+            raise ChatMessageError(f"{where} part {number} must be a dict whose 'type' is 'text', 'image', 'audio' "
+                                   f"or 'video', not {part!r}.")
+        parts.append(dict(part))
+    return parts
+
+
+def text_of(processor):
+    """The tokenizer inside a processor (or the tokenizer itself)."""
+    return getattr(processor, "tokenizer", processor)
+
+
+@dataclass
+class Prompt:
+    """What the model reads: the rendered text, its token ids, and the tensors ``generate`` takes."""
+
+    text: str
+    ids: list
+    tokens: list
+    inputs: dict = field(repr=False)
+
+    def __len__(self):
+        return len(self.ids)
+
+
+def render(processor, messages, *, enable_thinking: bool = False, chat_template: str | None = None,
+           add_generation_prompt: bool = True, plain_strings: str = "convert") -> Prompt:
+    """Render ``messages`` with the processor's chat template (or ``chat_template``) and tokenize it,
+    as ``generate`` will see it: ``apply_chat_template(..., tokenize=True, return_dict=True)``."""
+    messages = check_messages(messages, plain_strings=plain_strings)
+    options = dict(add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
+    if chat_template is not None:
+        options["chat_template"] = chat_template
+    text = processor.apply_chat_template(messages, tokenize=False, **options)
+    inputs = processor.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt", **options)
+    ids = inputs["input_ids"][0].tolist()
+    return Prompt(text=text, ids=ids, tokens=text_of(processor).convert_ids_to_tokens(ids), inputs=inputs)
+
+
+class TextProcessor(ProcessorMixin):
+    """transformers' processor machinery around the tokenizer alone.
+
+    Gemma 4's processor needs torchvision for its video part; where torchvision is missing,
+    this runs the same ``ProcessorMixin.apply_chat_template`` (Gemma4Processor does not override
+    it) so that what the processor does with a message can be shown on any machine."""
+
+    attributes = ["tokenizer"]
+    tokenizer_class = "AutoTokenizer"
+
+    def __init__(self, tokenizer, chat_template=None):
+        super().__init__(tokenizer, chat_template=chat_template or tokenizer.chat_template)
+
+
+def processor_route(processor):
+    """``processor`` if it is a transformers processor, else ``TextProcessor`` around the tokenizer."""
+    return processor if isinstance(processor, ProcessorMixin) else TextProcessor(processor)
+
+
+def plain_string_outcome(processor) -> str:
+    """What ``apply_chat_template(tokenize=True)`` does with ``{"content": "Hello"}``: ``"accepted"``, or
+    the exception's type and message (transformers 5.5-5.6's processors: ``TypeError: string indices
+    must be integers, not 'str'``)."""
+    try:
+        processor.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=True)
+    except Exception as err:  # the outcome is the point: report any library error as it is
+        return f"{type(err).__name__}: {err}"
+    return "accepted"
+
+
+def template_source(processor, chat_template: str | None = None) -> str:
+    source = chat_template if chat_template is not None else getattr(processor, "chat_template", None)
+    if not source:
+        raise CourseError("This processor carries no chat template: pass chat_template=... (the text of a .jinja file).")
+    return source
+
+
+def describe_template(processor, chat_template: str | None = None) -> dict:
+    """How a chat template behaves, found by rendering probes (so it works on any checkpoint's template):
+    its fingerprint, the generation prompt, whether ``enable_thinking`` changes anything, and whether an
+    earlier thought is replayed."""
+    source = template_source(processor, chat_template)
+
+    def rendered(messages, **options):
+        return processor.apply_chat_template(messages, tokenize=False, chat_template=source, **options)
+
+    question = [{"role": "user", "content": [_text_part("PROBE")]}]
+    closed = rendered(question, add_generation_prompt=False)
+    opened = rendered(question, add_generation_prompt=True)
+    thinking = rendered(question, add_generation_prompt=True, enable_thinking=True)
+    earlier = [*question, {"role": "assistant", "content": [_text_part(f"{THOUGHT_OPEN}thought\nSECRET{THOUGHT_CLOSE}SAID")]},
+               *question]
+    history = rendered(earlier, add_generation_prompt=True)
+    return {
+        "sha256": hashlib.sha256(source.encode()).hexdigest()[:12],
+        "characters": len(source),
+        "generation prompt": opened[len(closed):] if opened.startswith(closed) else None,
+        "enable_thinking changes the prompt": thinking != opened,
+        "thinking switch": THINK_SWITCH if THINK_SWITCH in thinking and THINK_SWITCH not in opened else None,
+        "earlier thoughts replayed": "SECRET" in history,
+    }
+
+
+def split_thought(text: str) -> tuple[str, str]:
+    """(thought, answer) from a reply written as ``<|channel>thought\\n...<channel|>answer``; a reply
+    stopped mid-thought has an empty answer."""
+    if THOUGHT_OPEN not in text:
+        return "", text.strip()
+    before, _, rest = text.partition(THOUGHT_OPEN)
+    thought, closed, after = rest.partition(THOUGHT_CLOSE)
+    thought = thought.removeprefix("thought").strip()
+    return thought, (before + after).strip() if closed else before.strip()
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is picked. Greedy takes the most likely token: reproducible, the choice for
+    tests and comparisons, and prone to loops in long chats. Sampling draws from the distribution:
+    ``temperature`` flattens (>1) or sharpens (<1) it, ``top_k`` keeps the k likeliest tokens, ``top_p``
+    the smallest set whose probabilities add up to p. ``None`` leaves transformers' value."""
+
+    do_sample: bool = True
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature is not None and not self.temperature > 0:
+            raise CourseError(f"temperature={self.temperature} must be above 0: use Sampling.greedy() for the likeliest token.")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise CourseError(f"top_p={self.top_p} must be in (0, 1]: 1 keeps every token, 0.9 the likeliest 90%.")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise CourseError(f"top_k={self.top_k!r} must be a whole number of at least 1.")
+
+    @classmethod
+    def greedy(cls) -> Sampling:
+        return cls(do_sample=False)
+
+    @classmethod
+    def from_checkpoint(cls, model, seed: int | None = None) -> Sampling:
+        """Sampling with the values the checkpoint's ``generation_config.json`` sets (None where it sets none)."""
+        config = model.generation_config
+        return cls(do_sample=True, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, seed=seed)
+
+    def generate_kwargs(self) -> dict:
+        if not self.do_sample:
+            return {"do_sample": False}
+        chosen = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return {"do_sample": True, **{key: value for key, value in chosen.items() if value is not None}}
+
+
+class StopSignal(StoppingCriteria):
+    """A stopping criterion a button (or any thread) sets: ``generate`` checks it after every token."""
+
+    def __init__(self):
+        self.event = threading.Event()
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+def stop_token_ids(model_or_generation_config) -> list:
+    """The ids ``generate`` ends a reply on: ``generation_config.eos_token_id`` (for Gemma 4, ``<eos>`` and ``<turn|>``)."""
+    ids = getattr(model_or_generation_config, "generation_config", model_or_generation_config).eos_token_id
+    return list(ids) if isinstance(ids, (list, tuple)) else [ids]
+
+
+def free_gpu_cache() -> int:
+    """Hand the memory PyTorch's caching allocator keeps reserved back to the GPU; the bytes still
+    reserved afterwards (0 without CUDA)."""
+    gc.collect()
+    if not torch.cuda.is_available():
+        return 0
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved()
+
+
+@dataclass
+class Reply:
+    """One finished turn: the new tokens only, decoded, split into thought and answer, and why it stopped."""
+
+    prompt: Prompt = field(repr=False)
+    new_ids: list
+    text: str
+    thought: str
+    answer: str
+    stopped_by: str
+    streamed: list = field(repr=False)
+    seconds: float
+    reserved_bytes_after: int
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.new_ids) / self.seconds if self.seconds else 0.0
+
+
+class Turn:
+    """A reply being generated in the background, shown in a widget with a stop button.
+
+    The cell that starts it returns at once, so the notebook can take the button's click while the
+    model writes; ``wait()`` blocks until the reply is complete and returns it."""
+
+    def __init__(self, chat: Chat, messages: list, prompt: Prompt, max_new_tokens: int):
+        import ipywidgets as widgets
+
+        self.chat, self.messages, self.prompt, self.max_new_tokens = chat, messages, prompt, max_new_tokens
+        self.signal = StopSignal()
+        self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning")
+        self.stop_button.on_click(lambda _: self.stop())
+        self.text_area = widgets.HTML()
+        self.status = widgets.Label("writing")
+        self.widget = widgets.VBox([widgets.HBox([self.stop_button, self.status]), self.text_area])
+        self._reply: Reply | None = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._worker = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Turn:
+        self._worker.start()
+        return self
+
+    def stop(self) -> None:
+        """What the button does: ``generate`` ends after the token it is computing."""
+        self.signal.event.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> Reply:
+        if not self._done.wait(timeout):
+            raise CourseError(f"The reply is still being written after {timeout} s: press Stop, or wait longer.")
+        if self._error is not None:
+            raise self._error
+        return self._reply
+
+    def __repr__(self):
+        return f"<Turn: {'done' if self.done else 'writing'}; the widget shows the reply, wait() returns it>"
+
+    def _show(self, text: str, status: str) -> None:
+        thought, answer = split_thought(text)
+        shown = (f"<i style='color:gray'>thought: {html.escape(thought)}</i><br>" if thought else "") + html.escape(
+            answer if thought else text)
+        self.text_area.value = f"<pre style='white-space:pre-wrap;margin:0'>{shown}</pre>"
+        self.status.value = status
+
+    def _run(self) -> None:
+        try:
+            self._reply = self.chat._generate(self)
+            self._show(self._reply.text, f"stopped by {self._reply.stopped_by} after {len(self._reply.new_ids)} tokens "
+                                         f"in {self._reply.seconds:.1f} s")
+        except BaseException as err:  # shown in the widget and raised again by wait()
+            self._error = err
+            self.status.value = f"failed: {type(err).__name__}: {err}"
+        finally:
+            self.stop_button.disabled = True
+            self._done.set()
+
+
+class Chat:
+    """A conversation with one model: the history, the template options and the sampling settings.
+
+    ``ask(text)`` checks the message, renders the whole history with the checkpoint's chat template,
+    streams the reply into a widget, appends both turns to ``history`` and frees the GPU's cached
+    memory; ``prompt(text)`` shows what the model would read."""
+
+    def __init__(self, model, processor, *, system: str | None = None, sampling: Sampling | None = None,
+                 max_new_tokens: int = 128, enable_thinking: bool = False, plain_strings: str = "convert",
+                 chat_template: str | None = None, history=None):
+        self.model, self.processor, self.tokenizer = model, processor, text_of(processor)
+        self.sampling = sampling if sampling is not None else Sampling.from_checkpoint(model)
+        self.max_new_tokens = _check_new_tokens(max_new_tokens)
+        self.enable_thinking, self.plain_strings, self.chat_template = enable_thinking, plain_strings, chat_template
+        start = [{"role": "system", "content": [_text_part(system)]}] if system else []
+        self.history = check_messages([*start, *(history or [])], plain_strings=plain_strings) if (start or history) else []
+        self._current: Turn | None = None
+
+    def _with(self, content) -> list:
+        if self._current is not None and not self._current.done:
+            raise CourseError("The previous reply is still being written: press its Stop button or call turn.wait() first.")
+        message = {"role": "user", "content": content}
+        return check_messages([*self.history, message], plain_strings=self.plain_strings)
+
+    def prompt(self, content) -> Prompt:
+        """The prompt the model would read if ``content`` were sent now (nothing is generated)."""
+        return render(self.processor, self._with(content), enable_thinking=self.enable_thinking,
+                      chat_template=self.chat_template, plain_strings=self.plain_strings)
+
+    def ask(self, content, *, max_new_tokens: int | None = None, display: bool = True) -> Turn:
+        """Send ``content`` (a string or a list of parts) and stream the reply; returns the running ``Turn``."""
+        messages = self._with(content)
+        if not isinstance(self.processor, ProcessorMixin) and any(
+                part["type"] != "text" for part in messages[-1]["content"]):
+            raise CourseError("Images, audio and video need Gemma 4's full processor, which needs torchvision: "
+                              "pip install torchvision (matching your torch), then load the processor again.")
+        prompt = render(self.processor, messages, enable_thinking=self.enable_thinking,
+                        chat_template=self.chat_template, plain_strings=self.plain_strings)
+        turn = Turn(self, messages, prompt, _check_new_tokens(max_new_tokens or self.max_new_tokens))
+        self._current = turn
+        if display:
+            from IPython.display import display as show
+
+            show(turn.widget)
+        return turn.start()
+
+    def _generate(self, turn: Turn) -> Reply:
+        prompt = turn.prompt
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=False)
+        inputs = _on_device(prompt.inputs, self.model)
+        if self.sampling.seed is not None:
+            torch.manual_seed(self.sampling.seed)
+        result = {}
+
+        def generate():
+            try:
+                with torch.no_grad():
+                    result["ids"] = self.model.generate(
+                        **inputs, max_new_tokens=turn.max_new_tokens, streamer=streamer,
+                        stopping_criteria=StoppingCriteriaList([turn.signal]), **self.sampling.generate_kwargs())
+            except BaseException as err:
+                result["error"] = err
+                streamer.end()  # let the loop below finish instead of waiting for tokens forever
+
+        started = time.perf_counter()
+        worker = threading.Thread(target=generate, daemon=True)
+        worker.start()
+        streamed = []
+        for chunk in streamer:
+            streamed.append(chunk)
+            turn._show("".join(streamed), f"streaming: {len(streamed)} pieces")
+        worker.join()
+        seconds = time.perf_counter() - started
+        if isinstance(result.get("error"), torch.OutOfMemoryError):
+            free_gpu_cache()
+            raise InsufficientGPUMemoryError(
+                f"The GPU ran out of memory on a {len(prompt.ids):,}-token prompt plus up to {turn.max_new_tokens} new tokens: "
+                f"start a new Chat (the history is the prompt), lower max_new_tokens, or load with quant='nf4', ple='cpu'.") from None
+        if "error" in result:
+            raise result["error"]
+        new_ids = result.pop("ids")[0, len(prompt.ids):].tolist()
+        stops = stop_token_ids(self.model)
+        stopped_by = ("stop token" if new_ids and new_ids[-1] in stops else
+                      "stop button" if turn.signal.event.is_set() else "max_new_tokens")
+        kept = new_ids[:-1] if stopped_by == "stop token" else new_ids
+        text = self.tokenizer.decode(kept, skip_special_tokens=False)
+        thought, answer = split_thought(text)
+        self.history = [*turn.messages, {"role": "assistant", "content": [_text_part(text)]}]
+        return Reply(prompt=prompt, new_ids=new_ids, text=text, thought=thought, answer=answer, stopped_by=stopped_by,
+                     streamed=streamed, seconds=seconds, reserved_bytes_after=free_gpu_cache())
+
+
+def _on_device(inputs, model) -> dict:
+    """The prompt's tensors beside the model's input embedding; pixel and audio features in the model's dtype."""
+    device = compute_device_of(model)  # with ple="cpu" the PLE table is on the CPU, the decoder on the GPU
+    return {key: value.to(device, dtype=model.dtype) if value.is_floating_point() else value.to(device)
+            for key, value in inputs.items()}
+
+
+def _check_new_tokens(value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise CourseError(f"max_new_tokens={value!r} must be a whole number of at least 1.")
+    return value
+
+
+def probe(source=None) -> dict:
+    """What this environment's transformers does with a plain-string message, through the full Gemma 4
+    processor where torchvision allows it, else through ``TextProcessor`` (the same inherited code)."""
+    processor = loading.load_processor(source)
+    routed = processor_route(processor)
+    rendered = {}
+    for tokenize in (False, True):
+        try:
+            routed.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True,
+                                       tokenize=tokenize, return_dict=tokenize)
+            rendered[f"tokenize={tokenize}"] = "accepted"
+        except Exception as err:  # recorded as it is: the message is the finding
+            rendered[f"tokenize={tokenize}"] = f"{type(err).__name__}: {err}"
+    return {"transformers": transformers.__version__, "processor": type(routed).__name__, **rendered,
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="Chat-template checks from the command line.")
+    parser.add_argument("command", choices=["probe"], help="probe: what apply_chat_template does with a plain-string message")
+    parser.add_argument("--model", default=None, help="checkpoint (default $GEMMA_MODEL or tiny)")
+    args = parser.parse_args(argv)
+    print(json.dumps(probe(args.model)))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Chatting through the chat template: messages checked, prompts rendered exactly, replies streamed,
+stopped by a stop token or a button, the history kept; and what each transformers release does with a
+plain-string message. Runs on every transformers release of the matrix (make test-matrix)."""
+
+import ast
+import importlib.util
+import threading
+
+import pytest
+import torch
+import transformers
+from packaging.version import Version
+
+from helpers import chat, loading, synthetic
+from helpers.errors import ChatMessageError, CourseError
+
+QUESTION = "Where does the PLE table live?"
+FIRST_ACCEPTING = Version("5.7.0")  # tools/probe_plain_strings.py: 5.6.2 crashes, 5.7.0 accepts
+
+
+def user(text):
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_path):
+    return loading.load_model(tiny_path, quant="bf16", ple="cpu", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_path):
+    return loading.load_processor(tiny_path)
+
+
+@pytest.fixture(scope="module")
+def ids(tiny_tokenizer):
+    config = synthetic.gemma4_config("tiny")
+    turn_end = config.eos_token_id[-1]
+    return {"bos": config.get_text_config().bos_token_id, "turn": turn_end - 1, "turn_end": turn_end,
+            "think": tiny_tokenizer.convert_tokens_to_ids("<|think|>"),
+            "text": lambda text: tiny_tokenizer(text, add_special_tokens=False)["input_ids"]}
+
+
+def test_a_plain_string_content_is_converted_to_the_list_of_typed_parts_the_processor_wants():
+    checked = chat.check_messages([{"role": "user", "content": "Hello"}])
+    assert checked == [user("Hello")]
+
+
+def test_a_plain_string_content_is_refused_in_one_sentence_that_names_the_fix_when_asked_to():
+    with pytest.raises(ChatMessageError) as refused:
+        chat.check_messages([{"role": "user", "content": "Hello"}], plain_strings="refuse")
+    message = str(refused.value)
+    assert "[{'type': 'text', 'text': 'Hello'}]" in message and message.count(". ") == 0 and message.endswith(".")
+
+
+@pytest.mark.parametrize("messages, names", [
+    ([{"role": "bot", "content": "hi"}], "'assistant'"),
+    ([user("hi"), {"role": "system", "content": "late"}], "messages[0]"),
+    ([{"role": "user", "content": [{"type": "text"}]}], "'text': '...'"),
+    ([{"role": "user", "content": [{"type": "picture", "url": "x"}]}], "'image'"),
+    ([{"role": "user", "content": [{"type": "image"}]}], "'path'"),
+    ([{"role": "assistant", "content": [{"type": "image", "path": "x.png"}]}], "only come from the user"),
+    ([{"role": "user", "content": []}], "non-empty list of parts"),
+    ("hello", "non-empty list"),
+    ([], "non-empty list"),
+])
+def test_bad_messages_are_refused_with_one_chat_message_error_naming_the_fix(messages, names):
+    with pytest.raises(ChatMessageError) as refused:
+        chat.check_messages(messages)
+    assert names in str(refused.value)
+
+
+def test_the_processor_chat_template_crashes_on_a_plain_string_only_before_transformers_5_7(tiny_tokenizer):
+    processor = chat.processor_route(tiny_tokenizer)
+    outcome = chat.plain_string_outcome(processor)
+    if Version(transformers.__version__) < FIRST_ACCEPTING:
+        assert outcome == "TypeError: string indices must be integers, not 'str'"
+    else:
+        assert outcome == "accepted"
+    # the control: a list of typed parts is accepted on every release
+    assert processor.apply_chat_template([user("Hello")], tokenize=True, return_dict=True)["input_ids"]
+
+
+def test_the_tokenizer_alone_accepts_a_plain_string_on_every_release(tiny_tokenizer):
+    assert chat.plain_string_outcome(tiny_tokenizer) == "accepted"
+
+
+def test_gemma4s_processor_inherits_apply_chat_template_so_the_text_processor_runs_the_same_code():
+    source = importlib.util.find_spec("transformers.models.gemma4.processing_gemma4").origin
+    tree = ast.parse(open(source).read())
+    gemma4 = next(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "Gemma4Processor")
+    assert "apply_chat_template" not in {node.name for node in gemma4.body if isinstance(node, ast.FunctionDef)}
+    assert chat.TextProcessor.apply_chat_template is transformers.ProcessorMixin.apply_chat_template
+
+
+@pytest.mark.skipif(not synthetic.torchvision_available(), reason="Gemma 4's processor needs torchvision")
+def test_the_real_gemma4_processor_does_what_the_text_processor_does_with_a_plain_string(processor, tiny_tokenizer):
+    assert type(processor).__name__ == "Gemma4Processor"
+    assert chat.plain_string_outcome(processor) == chat.plain_string_outcome(chat.TextProcessor(tiny_tokenizer))
+
+
+def test_the_synthetic_template_renders_gemma4_turns_with_the_special_tokens_at_the_config_ids(tiny_tokenizer, ids):
+    prompt = chat.render(tiny_tokenizer, [user(QUESTION)])
+    assert prompt.text == f"<bos><|turn>user\n{QUESTION}<turn|>\n<|turn>model\n"
+    assert prompt.ids == [ids["bos"], ids["turn"], *ids["text"](f"user\n{QUESTION}"), ids["turn_end"],
+                          *ids["text"]("\n"), ids["turn"], *ids["text"]("model\n")]
+
+
+def test_enable_thinking_opens_a_system_turn_with_the_think_switch(tiny_tokenizer, ids):
+    prompt = chat.render(tiny_tokenizer, [user(QUESTION)], enable_thinking=True)
+    assert prompt.text == f"<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\n{QUESTION}<turn|>\n<|turn>model\n"
+    opening = [ids["bos"], ids["turn"], *ids["text"]("system\n"), ids["think"]]
+    assert prompt.ids[:len(opening)] == opening
+
+
+def test_a_template_that_does_not_read_enable_thinking_ignores_it_silently(tiny_tokenizer):
+    old = chat.describe_template(tiny_tokenizer, synthetic.TURNS_ONLY_TEMPLATE)
+    new = chat.describe_template(tiny_tokenizer)
+    assert new["thinking switch"] == "<|think|>" and new["enable_thinking changes the prompt"]
+    assert old["thinking switch"] is None and not old["enable_thinking changes the prompt"]
+    assert old["sha256"] != new["sha256"]
+
+
+def test_an_earlier_thought_is_not_replayed_but_the_earlier_answer_is(tiny_tokenizer):
+    earlier = {"role": "assistant", "content": "<|channel>thought\nthe table is big<channel|>On the CPU."}
+    text = chat.render(tiny_tokenizer, [user("Where?"), earlier, user("Why?")]).text
+    assert "On the CPU.<turn|>" in text and "the table is big" not in text
+    assert chat.describe_template(tiny_tokenizer, synthetic.TURNS_ONLY_TEMPLATE)["earlier thoughts replayed"]
+
+
+def test_the_generation_prompt_ends_at_the_model_turn_as_e4bs_template_does(tiny_tokenizer):
+    assert chat.describe_template(tiny_tokenizer)["generation prompt"] == "<|turn>model\n"
+
+
+def test_a_system_message_becomes_the_system_turn(tiny_tokenizer):
+    text = chat.render(tiny_tokenizer, [{"role": "system", "content": " Be brief. "}, user("Hi")]).text
+    assert text == "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
+
+
+def test_an_image_part_renders_the_image_placeholder_beside_the_text(tiny_tokenizer):
+    message = {"role": "user", "content": [{"type": "image", "url": "cat.png"}, {"type": "text", "text": "What is it?"}]}
+    text = chat.render(tiny_tokenizer, [message]).text
+    assert text == "<bos><|turn>user\n<|image|>What is it?<turn|>\n<|turn>model\n"
+
+
+def test_a_reply_stopped_mid_thought_has_a_thought_and_no_answer():
+    assert chat.split_thought("<|channel>thought\nA<channel|>B") == ("A", "B")
+    assert chat.split_thought("<|channel>thought\nstill thinking") == ("still thinking", "")
+    assert chat.split_thought("just an answer") == ("", "just an answer")
+
+
+def greedy_chat(model, processor, **options):
+    return chat.Chat(model, processor, sampling=chat.Sampling.greedy(), **options)
+
+
+def test_streamed_pieces_join_to_the_decoded_new_tokens_without_the_prompt(tiny_model, processor):
+    reply = greedy_chat(tiny_model, processor, max_new_tokens=24).ask(QUESTION, display=False).wait()
+    assert reply.stopped_by in ("max_new_tokens", "stop token") and len(reply.new_ids) <= 24
+    assert len(set(reply.new_ids)) > 4  # random weights can collapse to one token: this reply varies
+    assert "".join(reply.streamed) == processor.decode(reply.new_ids, skip_special_tokens=False)
+    kept = reply.new_ids[:-1] if reply.stopped_by == "stop token" else reply.new_ids  # the stop token is not text
+    assert reply.text == processor.decode(kept, skip_special_tokens=False)
+    assert QUESTION not in reply.text and len(reply.streamed) > 1
+
+
+def test_the_stop_button_ends_generation_long_before_max_new_tokens(tiny_model, processor):
+    session = greedy_chat(tiny_model, processor, max_new_tokens=5000)
+    turn = session.ask(QUESTION, display=False)
+    while not turn.done and not turn.text_area.value:
+        threading.Event().wait(0.01)
+    turn.stop_button.click()
+    reply = turn.wait(timeout=120)
+    assert reply.stopped_by == "stop button" and 0 < len(reply.new_ids) < 5000
+    assert turn.stop_button.disabled
+
+
+def test_a_stop_token_from_the_generation_config_ends_the_reply_and_is_not_part_of_it(tiny_path, processor):
+    model = loading.load_model(tiny_path, quant="bf16", ple="cpu", device="cpu")
+    free_run = greedy_chat(model, processor, max_new_tokens=16).ask(QUESTION, display=False).wait()
+    stop_at = next(i for i, token in enumerate(free_run.new_ids) if i > 0 and token not in free_run.new_ids[:i])
+    model.generation_config.eos_token_id = [*chat.stop_token_ids(model), free_run.new_ids[stop_at]]
+    reply = greedy_chat(model, processor, max_new_tokens=16).ask(QUESTION, display=False).wait()
+    assert reply.stopped_by == "stop token" and reply.new_ids == free_run.new_ids[:stop_at + 1]
+    assert reply.text == processor.decode(free_run.new_ids[:stop_at], skip_special_tokens=False)
+
+
+def test_the_history_keeps_both_turns_and_the_next_prompt_replays_the_previous_reply(tiny_model, processor):
+    session = greedy_chat(tiny_model, processor, max_new_tokens=8, system="Be brief.")
+    first = session.ask(QUESTION, display=False).wait()
+    assert [m["role"] for m in session.history] == ["system", "user", "assistant"]
+    second = session.ask("And the KV cache?", display=False).wait()
+    assert [m["role"] for m in session.history] == ["system", "user", "assistant", "user", "assistant"]
+    assert f"<|turn>model\n{first.text.strip()}<turn|>\n<|turn>user\nAnd the KV cache?" in second.prompt.text
+    assert len(second.prompt) > len(first.prompt) + len(first.new_ids)
+
+
+def test_a_second_question_while_a_reply_is_streaming_is_refused(tiny_model, processor):
+    session = greedy_chat(tiny_model, processor, max_new_tokens=5000)
+    turn = session.ask(QUESTION, display=False)
+    try:
+        with pytest.raises(CourseError, match="Stop button"):
+            session.ask("another", display=False)
+    finally:
+        turn.stop()
+        turn.wait(timeout=120)
+
+
+def test_greedy_is_reproducible_and_sampling_with_a_seed_is_too_but_differs_across_seeds(tiny_model, processor):
+    def reply(sampling):
+        return chat.Chat(tiny_model, processor, sampling=sampling, max_new_tokens=12).ask(QUESTION, display=False).wait().new_ids
+
+    assert reply(chat.Sampling.greedy()) == reply(chat.Sampling.greedy())
+    hot = [reply(chat.Sampling(temperature=2.0, top_k=200, seed=seed)) for seed in (1, 1, 2)]
+    assert hot[0] == hot[1] and hot[0] != hot[2]
+
+
+@pytest.mark.parametrize("options, fix", [
+    (dict(temperature=0), "Sampling.greedy()"), (dict(top_p=1.5), "(0, 1]"), (dict(top_k=0), "at least 1")])
+def test_impossible_sampling_settings_are_refused_with_the_fix(options, fix):
+    with pytest.raises(CourseError, match=fix.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+        chat.Sampling(**options)
+
+
+def test_sampling_defaults_come_from_the_checkpoints_generation_config(tiny_model):
+    assert chat.Sampling.from_checkpoint(tiny_model).generate_kwargs() == {"do_sample": True}
+    assert chat.Sampling.greedy().generate_kwargs() == {"do_sample": False}
+
+
+def test_the_gpu_cache_is_freed_after_a_turn(tiny_model, processor):
+    reply = greedy_chat(tiny_model, processor, max_new_tokens=4).ask(QUESTION, display=False).wait()
+    if torch.cuda.is_available():
+        assert reply.reserved_bytes_after == torch.cuda.memory_reserved()
+    else:
+        assert reply.reserved_bytes_after == 0
+
+
+def test_an_image_without_the_full_processor_is_refused_before_generating(tiny_model, tiny_tokenizer):
+    session = greedy_chat(tiny_model, tiny_tokenizer)
+    picture = [{"type": "image", "url": "cat.png"}, {"type": "text", "text": "What is it?"}]
+    with pytest.raises(CourseError, match="pip install torchvision"):
+        session.ask(picture, display=False)
+    assert session.history == []
+
+
+def test_running_out_of_gpu_memory_mid_reply_says_how_to_fit(tiny_model, processor, monkeypatch):
+    from helpers.errors import InsufficientGPUMemoryError
+
+    def out_of_memory(**kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    session = greedy_chat(tiny_model, processor)
+    monkeypatch.setattr(tiny_model, "generate", out_of_memory)
+    turn = session.ask(QUESTION, display=False)
+    with pytest.raises(InsufficientGPUMemoryError, match="ple='cpu'"):
+        turn.wait(timeout=60)
+    assert turn.status.value.startswith("failed: InsufficientGPUMemoryError") and session.history == []
