@@ -341,7 +341,7 @@ def _refresh_text_files(config, dest: Path) -> None:
         full_processor = save_text_and_media_processors(config, build_tokenizer(config), staging)
         marker = json.loads((dest / COMPLETE_MARKER).read_text())
         for path in sorted(staging.iterdir()):
-            marker["sha256"][path.name] = _sha256(path)
+            marker["sha256"][path.name] = checksums.sha256(path)
             os.replace(path, dest / path.name)
         marker.update(full_processor=full_processor, text_format=TEXT_FORMAT)
         (staging / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2))
