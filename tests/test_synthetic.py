@@ -271,3 +271,32 @@ def test_an_older_build_gets_the_current_tokenizer_and_template_and_keeps_its_we
     assert refreshed["text_format"] == synthetic.TEXT_FORMAT
     assert refreshed["sha256"]["chat_template.jinja"] == hashlib.sha256(synthetic.CHAT_TEMPLATE.encode()).hexdigest()
     assert (path / "model.safetensors").stat().st_mtime_ns == weights
+
+
+def greedy_distinct_tokens_at_e4b_width(post_norm_scale: float, tokens: int = 48) -> int:
+    """Greedy decoding of a model with E4B's hidden width, vocabulary scale and 12 of its layers (thin
+    MLPs and PLE for speed), initialised as the course's synthetic checkpoints are."""
+    from transformers import Gemma4ForConditionalGeneration
+
+    raw = synthetic.config_dict("e4b-shape")
+    text = raw["text_config"]
+    text.update(intermediate_size=256, hidden_size_per_layer_input=16, num_attention_heads=2, num_key_value_heads=1,
+                num_hidden_layers=12, layer_types=text["layer_types"][:12], num_kv_shared_layers=6,
+                vocab_size=32768, vocab_size_per_layer_input=32768)
+    raw["vision_config"]["num_hidden_layers"] = raw["audio_config"]["num_hidden_layers"] = 1
+    torch.manual_seed(0)
+    model = Gemma4ForConditionalGeneration._from_config(synthetic.gemma4_config(raw), dtype=torch.float32).eval()
+    fills = synthetic.course_init_fills(model)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name in fills:
+                module.weight.fill_(post_norm_scale if name.split(".")[-1] in synthetic.POST_NORMS else fills[name])
+        ids = torch.tensor([[2, *range(1000, 1031)]])
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                             min_new_tokens=tokens, do_sample=False)
+    return len(set(out[0, ids.shape[1]:].tolist()))
+
+
+def test_at_e4b_width_the_course_init_keeps_greedy_output_varied_where_the_default_repeats_one_token():
+    assert greedy_distinct_tokens_at_e4b_width(synthetic.POST_NORM_SCALE) >= 5
+    assert greedy_distinct_tokens_at_e4b_width(1.0) <= 2  # the control: the library's default init collapses
