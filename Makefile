@@ -20,7 +20,7 @@ LLAMA_CPP_SDIST := $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
 LLAMA_CPP_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
 export LLAMA_CPP_SOURCE := $(CURDIR)/$(LLAMA_CPP_DIR)/llama.cpp
 
-.PHONY: bench install lint llama-cpp test test-cpu test-notebooks test-matrix test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
+.PHONY: bench install lint llama-cpp test test-mutations test-cpu test-notebooks test-matrix test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	@# On a CUDA machine the venv sees the system's torch and leaves it alone.
@@ -51,11 +51,15 @@ $(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON): $(VENV)/.installed
 	touch $@
 
 ## make test: every tier this machine can run
-test: install lint llama-cpp test-cpu test-notebooks test-matrix
+test: install lint llama-cpp test-cpu test-notebooks test-matrix test-mutations
 	@if [ -n "$(HAS_CUDA)" ]; then $(MAKE) --no-print-directory test-gpu PYTHON_GPU=$(PY); fi
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+## make test-mutations: break the code in named ways (tools/mutations.py) and check that a test notices each
+test-mutations: install
+	$(PY) tools/mutations.py
 
 test-cpu: install
 	$(PY) -m pytest tests -ra
