@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from .download import require_endpoint
 from .errors import require_choice
-from .mirror import LOOPBACK, ServerThread, free_port, parse_request_head
+from .mirror import LOOPBACK, ServerThread, Service, free_port, parse_request_head
 
 BODY_FAULTS = ("drop", "stall", "flip", "truncate")
 HEAD_FAULTS = ("zero_length", "wrong_length")
@@ -47,7 +47,7 @@ STATUS_LINES = {"error": b"HTTP/1.1 503 Service Unavailable", "server_error": b"
 CAPTIVE_PORTAL = b"<!DOCTYPE html><html><body><h1>Welcome to the hotel Wi-Fi</h1><p>Please log in.</p></body></html>"
 
 
-class FaultyProxy:
+class FaultyProxy(Service):
     def __init__(self, upstream: str, plan=(), *, port: int | None = None, drop_after_bytes: int = 64 * 1024,
                  stall_s: float = 3.0):
         for kind in plan:
@@ -169,12 +169,6 @@ class FaultyProxy:
     def stop(self) -> None:
         if self._server is not None:
             self._server.stop()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 def _reset(writer) -> None:

@@ -337,6 +337,22 @@ class Front:
         await _drain_and_close(writer)
 
 
+class Service:
+    """Something started and stopped, usable as ``with Service(...) as running:``."""
+
+    def start(self):
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
 class ServerThread:
     """An asyncio server on a thread of its own, on a socket already listening; ``stop`` ends its
     connections too (a stalled one included) and closes the socket."""
@@ -399,7 +415,7 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-class Mirror:
+class Mirror(Service):
     """A running olah server behind the front; use as a context manager. ``endpoint`` is what HF_ENDPOINT takes.
 
     Loopback unless ``classroom=True``, which listens on every interface (or on ``host``): the one
@@ -510,12 +526,6 @@ class Mirror:
                 self.process.kill()
         if self.log is not None:
             self.log.close()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 def main(argv=None) -> int:

@@ -95,12 +95,15 @@ def logits_bytes(config, positions: int, bytes_per_value: int = 2) -> int:
     return positions * text_config_of(config).vocab_size * bytes_per_value
 
 
-def load_calibration(path=CALIBRATION) -> dict:
+def _read_calibration(path, what: str, measured_by: str) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"No planner calibration at {path}: run `python -m helpers.planner calibrate` "
-                                "after `make bench PRESET=memory` on a GPU.")
+        raise FileNotFoundError(f"No {what} at {path}: run `python -m helpers.planner calibrate` after `{measured_by}` on a GPU.")
     return json.loads(path.read_text())
+
+
+def load_calibration(path=CALIBRATION) -> dict:
+    return _read_calibration(path, "planner calibration", "make bench PRESET=memory")
 
 
 @dataclass
@@ -440,11 +443,7 @@ def calibrate_host(rows: list) -> dict:
 
 
 def load_host_calibration(path=HOST_CALIBRATION) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"No host-memory calibration at {path}: run `python -m helpers.planner calibrate` "
-                                "after `GPU_RECORD=1 make test-gpu-tier` on a GPU.")
-    return json.loads(path.read_text())
+    return _read_calibration(path, "host-memory calibration", "GPU_RECORD=1 make test-gpu-tier")
 
 
 def predict_host(config, quant: str = "nf4", ple: str = "cpu", *, offload_after_load: bool = False,
