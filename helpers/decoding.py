@@ -42,6 +42,7 @@ import torch
 from . import placement
 from .errors import CourseError, require_bool, require_choice, require_whole_number
 from .long_context import cache_argument, new_cache
+from .weights import meta_model
 
 COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead")
 # eager: Dynamo traces the step (graph breaks show) but runs the same kernels, for the CPU;
@@ -102,8 +103,6 @@ def attach_placement_hooks(model):
     ``accelerate_dispatch`` calls it), here on whatever device the model is on: on a CPU-only machine
     transformers attaches none, so this shows the GPU's structure on the tiny model."""
     from accelerate import dispatch_model
-
-    from .weights import meta_model
 
     device = placement.compute_device_of(model)
     device_map = placement.ple_device_map(meta_model(model.config), device.index if device.type == "cuda" else "cpu")
