@@ -104,6 +104,9 @@ def attach_placement_hooks(model):
     transformers attaches none, so this shows the GPU's structure on the tiny model."""
     from accelerate import dispatch_model
 
+    if getattr(model, "hf_quantizer", None) is not None:
+        raise CourseError("Hooks attached after loading would make accelerate move bitsandbytes' packed weights again "
+                          "(and quantize them twice): load with quant='bf16' to see the hooks on the CPU.")
     device = placement.compute_device_of(model)
     device_map = placement.ple_device_map(meta_model(model.config), device.index if device.type == "cuda" else "cpu")
     table = model.get_submodule(placement.require_ple(model)[0])
@@ -118,31 +121,32 @@ def attach_placement_hooks(model):
 
 
 def check_single_device(model) -> torch.device:
-    """The one device every weight but the PLE table is on; a CourseError naming the fix otherwise."""
-    devices, offloaded = set(), []
-    for name, module in model.named_modules():
-        hook = getattr(module, "_hf_hook", None)
-        if getattr(hook, "offload", False):
-            offloaded.append(name)
+    """The one device every weight but the PLE table is on; a CourseError naming the fix otherwise (weights
+    accelerate offloads, weights on several devices, a PLE table on the CPU that only its hook serves)."""
+    offloaded = [name for name, module in model.named_modules() if getattr(getattr(module, "_hf_hook", None), "offload", False)]
     if offloaded:
         raise CourseError(f"accelerate offloads {offloaded[0]!r} (its weights live on 'meta' and its hook copies them "
                           f"in at every forward): removing the hooks would break it; load with "
                           f"loading.load_model(..., ple='cpu'), which keeps every other weight on the GPU.")
     tables = set(placement.ple_module_names(model))
+    devices, table_devices = set(), {}
     for name, param in model.named_parameters():
         module = name.rsplit(".", 1)[0]
         if module in tables:
-            if param.device.type == "cpu" and not placement.has_cpu_lookup(model.get_submodule(module)):
-                raise CourseError(f"The PLE table {module!r} is on the CPU without the course's lookup, so without "
-                                  f"accelerate's hook it would be used where it is: call placement.offload_ple(model) "
-                                  f"first, or load with loading.load_model(..., ple='cpu').")
-            continue
-        devices.add(param.device)
+            table_devices[module] = param.device
+        else:
+            devices.add(param.device)
     if len(devices) != 1:
         raise CourseError(f"The model's weights are spread over {sorted(map(str, devices))}: the hooks move them at "
                           f"every forward and cannot be removed; load everything but the PLE table on one GPU "
                           f"(loading.load_model(..., ple='cpu')).")
-    return devices.pop()
+    device = devices.pop()
+    for module, where in table_devices.items():
+        if where != device and not placement.has_cpu_lookup(model.get_submodule(module)):
+            raise CourseError(f"The PLE table {module!r} is on {where} without the course's lookup, so only accelerate's "
+                              f"hook brings it to {device}: call placement.offload_ple(model) first, or load with "
+                              f"loading.load_model(..., ple='cpu').")
+    return device
 
 
 def remove_hooks(model) -> int:

@@ -248,19 +248,25 @@ class LongContext:
         cache = new_cache(model, self.cache, context + new_tokens if self.cache == "static" else None)
         return {"prefill_chunk_size": self.chunk, cache_argument(model): cache}
 
-    def generate(self, model, ids: torch.Tensor, new_tokens: int, *, keep_logits: bool = False):
-        """Greedy ``generate`` of exactly ``new_tokens`` after ``ids`` with these settings."""
+    def generate(self, model, ids: torch.Tensor, new_tokens: int, *, keep_logits: bool = False, cache=None):
+        """Greedy ``generate`` of exactly ``new_tokens`` after ``ids`` with these settings (``cache``: as in
+        ``prefill_logits``)."""
         require_whole_number(new_tokens, "new_tokens", unit="tokens")
+        kwargs = self.generate_kwargs(model, ids.shape[1], new_tokens)
+        if cache is not None:
+            kwargs[cache_argument(model)] = cache
         with use_attention(model, self.attention), torch.no_grad():
             return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                                   min_new_tokens=new_tokens, do_sample=False, output_logits=keep_logits,
-                                  return_dict_in_generate=True, **self.generate_kwargs(model, ids.shape[1], new_tokens))
+                                  return_dict_in_generate=True, **kwargs)
 
-    def prefill_logits(self, model, ids: torch.Tensor) -> torch.Tensor:
+    def prefill_logits(self, model, ids: torch.Tensor, cache=None) -> torch.Tensor:
         """The logits of every prompt position, computed chunk by chunk through this cache and attention,
-        as ``generate``'s chunked prefill runs them (which keeps only the last position's)."""
+        as ``generate``'s chunked prefill runs them (which keeps only the last position's). ``cache``: one
+        built beforehand (a test's deliberately broken one), else a fresh one of this kind."""
         chunk = self.chunk or ids.shape[1]
-        cache = new_cache(model, self.cache, ids.shape[1] if self.cache == "static" else None)
+        if cache is None:
+            cache = new_cache(model, self.cache, ids.shape[1] if self.cache == "static" else None)
         with use_attention(model, self.attention), torch.no_grad():
             pieces = [model(input_ids=ids[:, start:start + chunk], use_cache=True, **{cache_argument(model): cache}).logits
                       for start in range(0, ids.shape[1], chunk)]

@@ -421,6 +421,7 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
     """Greedy decoding in one ``DECODE_MODES`` mode: two runs with logits (the first compiles), ``decode_runs``
     more timed, the median tokens/s of all but the first; the physical limit beside it; a profile if asked."""
     ids = prompt_ids(tokenizer, greedy_context, device)
+    counted = _compile_counters()  # process-wide counters: this mode's share is the difference
     if decode in ("generate", "generate-static"):
         static = decode == "generate-static"
 
@@ -444,7 +445,9 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
     record.update(greedy_context=greedy_context, first_run_s=round(first.prefill_s + first.decode_s, 2),
                   decode_tokens_per_s=round(speeds[len(speeds) // 2], 2),
                   decode_tokens_per_s_runs=[round(v, 2) for v in speeds],
-                  prefill_s=round(second.prefill_s, 4), **_peaks(device), compile=_compile_counters() if DECODE_MODES[decode] else None)
+                  prefill_s=round(second.prefill_s, 4), **_peaks(device),
+                  compile={key: value - counted[key] for key, value in _compile_counters().items()}
+                  if DECODE_MODES[decode] else None)
     if len({json.dumps(r.tokens) for r in (first, *timed)}) != 1:
         record["greedy_unstable"] = True
     _identity_fields(record, first, second, logits_out)

@@ -374,8 +374,8 @@ def agreement(records: list, calibration: dict | None = None) -> list:
     rows = []
     for record in records:
         c = record["configuration"]
-        if c.get("route") or record.get("resident_bytes") is None:
-            continue
+        if c.get("route") or c.get("path") or c.get("decode") or record.get("resident_bytes") is None:
+            continue  # other routes, chunked prefills and decoding modes are not what predict() describes
         name = f"{c['model']} {c['quant']} PLE on {c['ple']}"
         for point in [p for p in record.get("prefill", []) if "peak_bytes" in p]:
             estimate = predict(c["model"], c["quant"], c["ple"], point["context"], calibration=calibration)
