@@ -11,8 +11,8 @@ Each configuration runs ``python -m helpers.measure`` in its own process, so an 
 error is recorded as a result and cannot poison the next one. Records accumulate: every run
 appends one JSON line per configuration to ``data/measurements/<model>.jsonl``.
 
-Presets with named configurations (``long-context``, ``long-context-cards``, ``decode-speed``,
-``decode-speed-inductor``, ``decode-speed-more``) compare a configuration with the one it names as
+Presets with named configurations (``long-context``, ``long-context-8gb``, ``long-context-cards``,
+``decode-speed``, ``decode-speed-inductor``, ``decode-speed-more``, ``decode-speed-e2b``) compare a configuration with the one it names as
 ``reference``, from the same run: logits bit for bit over the steps where both agree with themselves
 (``measure.self_consistent_steps``); a ``control`` must be told apart from its reference.
 
@@ -41,9 +41,10 @@ from . import models
 from .cards import SIMULATED_CARDS_GB
 from .errors import CourseError
 from .long_context import DEFAULT_CHUNK
-from .measure import compare_logits
+from .measure import DECODE_MODES, compare_logits
 from .paths import BUILD_DIR, MEASUREMENTS_DIR
 from .placement import PLACEMENTS
+from .records import speed_record
 
 MODELS = ("e4b-shape", "e2b-shape")
 MEMORY_CONTEXTS = (512, 1024, 2048, 4096, 8500, 16384, 32768)
@@ -116,11 +117,11 @@ def _long_context() -> list:
             Configuration(**on, name="plain-128k-8gb", card_gb=8, path="plain", contexts=(LONG_CONTEXTS[-1],), new_tokens=0)]
 
 
-def _long_context_cards() -> list:
-    """The largest context that prefills (chunked) and decodes 8 tokens on each card, tuned; plain on 8 GB."""
+def _long_context_cards(cards: tuple, plain: bool) -> list:
+    """The largest context that prefills (chunked) and decodes 8 tokens on each card, tuned (and plain)."""
     on = {"model": "e4b-shape", "quant": "nf4", "ple": "cpu", "new_tokens": 0, "search_max_context": True}
-    return ([Configuration(**on, name=f"tuned-{card}gb", card_gb=card, path="tuned") for card in SIMULATED_CARDS_GB]
-            + [Configuration(**on, name="plain-8gb", card_gb=8, path="plain")])
+    return ([Configuration(**on, name=f"tuned-{card}gb", card_gb=card, path="tuned") for card in cards]
+            + ([Configuration(**on, name=f"plain-{cards[0]}gb", card_gb=cards[0], path="plain")] if plain else []))
 
 
 def _decode(model="e4b-shape", ple="cpu", **settings) -> Configuration:
@@ -141,26 +142,60 @@ def presets() -> dict:
         # the naive "cpu" device-map entry, for the time per token it costs (slow: few tokens)
         + [Configuration("e4b-shape", "nf4", "cpu", contexts=(512,), new_tokens=8, route="cpu-entry")],
         "long-context": _long_context(),
-        "long-context-cards": _long_context_cards(),
+        "long-context-8gb": _long_context_cards(SIMULATED_CARDS_GB[:1], plain=True),
+        "long-context-cards": _long_context_cards(SIMULATED_CARDS_GB[1:], plain=False),
         # plain generate, its static-cache twin (the identity reference), the tuned decode in CUDA graphs of the
-        # eager kernels, and the control: the same with one PLE row nudged by one bf16 ulp
+        # eager kernels, and the control: the tuned loop with one PLE row nudged by one bf16 ulp
         "decode-speed": [_decode(name="generate", decode="generate", profile=True),
                          _decode(name="generate-static", decode="generate-static"),
                          _decode(name="cudagraphs", decode="cudagraphs", reference="generate-static", profile=True),
-                         _decode(name="cudagraphs-nudged", decode="cudagraphs", route="ple-cpu-nudged",
+                         _decode(name="loop-nudged", decode="loop", route="ple-cpu-nudged",
                                  reference="generate-static", control=True)],
         # the eager tuned loop (hooks removed, static cache, nothing compiled) and Inductor's fused kernels
         "decode-speed-inductor": [_decode(name="generate-static", decode="generate-static"),
                                   _decode(name="loop", decode="loop", reference="generate-static"),
                                   _decode(name="reduce-overhead", decode="reduce-overhead", reference="generate-static",
                                           profile=True)],
-        # the same settings with the PLE on the GPU, on E2B, and under an 8 GB cap
+        # the same settings with the PLE on the GPU and under an 8 GB cap, and on E2B
         "decode-speed-more": [_decode(ple="gpu", name="e4b-gpu-generate", decode="generate"),
                               _decode(ple="gpu", name="e4b-gpu-cudagraphs", decode="cudagraphs"),
-                              _decode(model="e2b-shape", name="e2b-cpu-generate", decode="generate"),
-                              _decode(model="e2b-shape", name="e2b-cpu-cudagraphs", decode="cudagraphs"),
                               _decode(name="e4b-cpu-cudagraphs-8gb", decode="cudagraphs", card_gb=8)],
+        "decode-speed-e2b": [_decode(model="e2b-shape", name="e2b-cpu-generate", decode="generate"),
+                             _decode(model="e2b-shape", name="e2b-cpu-cudagraphs", decode="cudagraphs")],
     }
+
+
+# --- how long a preset takes on one H200: the recorded speeds (the speed preset) and these assumptions ---------
+PROCESS_START_S = 15  # python, torch, transformers and the CUDA context, per configuration (assumed)
+COMPILE_S = {"eager": 60, "cudagraphs": 120, "reduce-overhead": 240}  # Dynamo, + capture, + Inductor (assumed)
+ATTENTION_HALF_AT = 65536  # prefill: attention assumed to cost as much as the rest at this context
+STATIC_ATTENTION = 2  # a static cache attends over its whole length at every chunk
+
+
+def estimate_seconds(config: Configuration, directory: Path = MEASUREMENTS_DIR) -> float:
+    """An upper estimate of one configuration's time on the GPU the speed preset ran on: its recorded load time,
+    prefill tokens/s at 4,096 and decode tokens/s (compiled modes assumed no faster than plain generate), with
+    the assumptions above. Raises FileNotFoundError without speed records."""
+    try:
+        record = speed_record(config.model, f"ple-{config.ple}", config.quant, directory)
+    except FileNotFoundError:  # only NF4 is timed by the speed preset: its speeds stand in
+        record = speed_record(config.model, f"ple-{config.ple}", "nf4", directory)
+    rate = next(p["tokens_per_s"] for p in record["prefill"] if p["context"] == 4096)
+    attention = STATIC_ATTENTION if config.path == "tuned" else 1
+
+    def prefill(n: int) -> float:
+        return n / rate * (1 + attention * n / ATTENTION_HALF_AT)
+
+    seconds = PROCESS_START_S + record["load_s"] + sum(prefill(n) for n in config.contexts)
+    if config.search_max_context:  # bisection to 512 tokens: the two ends, then about log2(limit / 512) midpoints
+        limit = models.load_config(config.model).get_text_config().max_position_embeddings
+        seconds += prefill(512) + prefill(limit) + 8 * prefill(limit // 2)
+    if config.new_tokens:
+        runs = 2 + config.decode_runs if config.decode else 2
+        seconds += runs * (prefill(config.greedy_context) + config.new_tokens / record["decode_tokens_per_s"])
+    if config.decode:
+        seconds += COMPILE_S.get(DECODE_MODES[config.decode], 0)
+    return seconds
 
 
 TIMING_KEYS = ("decode_tokens_per_s", "seconds_per_token")
@@ -377,6 +412,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("preset", choices=sorted(presets()))
     parser.add_argument("--dry-run", action="store_true", help="list the configurations and exit")
+    parser.add_argument("--estimate", action="store_true", help="estimate each configuration's seconds on the GPU and exit")
     parser.add_argument("--jobs", type=int, default=1,
                         help="configurations measured at once (memory figures only: speeds are nulled when > 1)")
     args = parser.parse_args(argv)
@@ -384,6 +420,14 @@ def main(argv=None) -> int:
         for config in presets()[args.preset]:
             logits = "<logits.pt>" if config.keep_logits else None
             print(" ".join(config.command("<record.json>", logits, config.trace_path(args.preset) if config.profile else None)[1:]))
+        return 0
+    if args.estimate:
+        total = 0.0
+        for config in presets()[args.preset]:
+            seconds = estimate_seconds(config)
+            total += seconds
+            print(f"{config.name or config.measured_route:<24} {seconds:6.0f} s")
+        print(f"{'total':<24} {total:6.0f} s (recorded speeds of the speed preset; assumptions in helpers/bench.py)")
         return 0
     if not torch.cuda.is_available():
         print("helpers.bench measures GPU memory and speed: run it on a CUDA machine.")
