@@ -42,6 +42,7 @@ import torch
 from . import placement
 from .errors import CourseError, require_bool, require_choice, require_whole_number
 from .long_context import cache_argument, new_cache
+from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
 from .weights import meta_model
 
 COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead")
@@ -50,18 +51,19 @@ COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead")
 
 PLE_OPTIONS = {
     "host lookup per token (this module)":
-        "argmax on the GPU, the id to the host (a sync of a few microseconds), torch.index_select into a pinned "
-        "buffer, a non-blocking copy into the GPU buffer the graph reads: `rows = table.index_select(0, ids_cpu); "
-        "gpu_rows.copy_(rows.pin_memory(), non_blocking=True)`",
+        "argmax on the GPU, the id to the host (one device-to-host sync per token), the rows gathered on the CPU into "
+        "pinned memory and copied without blocking into the input the graph reads: `rows = table.index_select(0, "
+        "ids_cpu); gpu_rows.copy_(rows.pin_memory(), non_blocking=True)`",
     "zero-copy gather from pinned host memory":
-        "the table pinned once (cudaHostRegister) is addressable by GPU kernels over PCIe/NVLink-C2C, so a gather "
-        "kernel can read the 42 x 256 values of a token without the id leaving the GPU; PyTorch has no public op "
-        "for it (a custom Triton or CUDA kernel), and pinning 5.6 GB needs that much locked host memory",
+        "the whole table pinned once (cudaHostRegister) is addressable by GPU kernels across the bus, so a gather "
+        "kernel could read one token's rows without the id leaving the GPU; PyTorch has no public operator for it "
+        "(a custom Triton or CUDA kernel), and the whole table must stay locked in host memory",
     "prefetch the next rows":
-        "start the host lookup for the argmax of step t while the GPU runs the layers of step t that do not need "
-        "the PLE rows of t+1 (all of them): it hides the round trip but not the sync itself",
+        "overlap the host lookup of step t+1 with work of step t that does not need its rows: every layer needs "
+        "them, so only the copy can overlap, not the sync",
     "keep the table on the GPU":
-        "no host trip at all, at 5.6 GB (E4B, bf16) of GPU memory: what an 8 GB card cannot afford",
+        "no host trip at all, at the table's full size in GPU memory (notebook 04 sizes it): what an 8 GB card "
+        "cannot afford with E4B",
 }
 
 
@@ -111,7 +113,8 @@ def attach_placement_hooks(model):
     device_map = placement.ple_device_map(meta_model(model.config), device.index if device.type == "cuda" else "cpu")
     table = model.get_submodule(placement.require_ple(model)[0])
     keeps_lookup = placement.has_cpu_lookup(table)
-    dispatch_model(model, device_map=device_map, skip_keys=model._skip_keys_device_placement, force_hooks=True)
+    with silenced(CPU_ENTRY_IN_MAP):  # nothing is offloaded: the "cpu" entry is the PLE table, served by its lookup
+        dispatch_model(model, device_map=device_map, skip_keys=model._skip_keys_device_placement, force_hooks=True)
     if keeps_lookup:  # dispatch_model wrapped the table's forward again: take that hook off, as the loader does
         from accelerate.hooks import remove_hook_from_module
 
@@ -348,8 +351,9 @@ def graph_breaks(model, ids: torch.Tensor, *, ple_outside: bool = True) -> dict:
             decoder = getattr(decoder, "language_model", decoder)
             inputs = {"inputs_embeds": embeds, "per_layer_inputs": decoder.get_per_layer_inputs(token, embeds)}
         torch._dynamo.reset()
-        explained = torch._dynamo.explain(model.forward)(position_ids=positions, use_cache=True, logits_to_keep=1,
-                                                        **{name: cache}, **inputs)
+        with silenced(HOOKED_RECOMPILES):
+            explained = torch._dynamo.explain(model.forward)(position_ids=positions, use_cache=True, logits_to_keep=1,
+                                                            **{name: cache}, **inputs)
         torch._dynamo.reset()
     reasons = []
     for reason in explained.break_reasons:

@@ -89,6 +89,18 @@ def footprint(cache, config) -> list:
     return rows
 
 
+def narrow_window(cache, by: int = 1):
+    """A deliberately broken cache, for controls: every sliding layer keeps ``by`` token(s) fewer than the window
+    its attention reads. Call it on a fresh cache, before it holds anything."""
+    for layer in cache.layers:
+        if hasattr(layer, "sliding_window"):  # DynamicSlidingWindowLayer
+            layer.sliding_window -= by
+            layer._sliding_window_tensor = torch.tensor(layer.sliding_window, dtype=torch.long)
+        elif hasattr(layer, "cumulative_length_int"):  # StaticSlidingWindowLayer, before its lazy allocation
+            layer.max_cache_len -= by
+    return cache
+
+
 def bytes_by_layer_type(rows) -> dict:
     totals: dict = {}
     for row in rows:

@@ -30,17 +30,6 @@ def token_ids(length=SEQUENCE, seed=2):
     return torch.randint(16, 272, (1, length), generator=torch.Generator().manual_seed(seed))
 
 
-def narrowed(cache, by=1):
-    """The control: every sliding layer of ``cache`` keeps ``by`` token(s) fewer than the window it must keep."""
-    for layer in cache.layers:
-        if hasattr(layer, "sliding_window"):  # DynamicSlidingWindowLayer
-            layer.sliding_window -= by
-            layer._sliding_window_tensor = torch.tensor(layer.sliding_window, dtype=torch.long)
-        elif hasattr(layer, "cumulative_length_int"):  # StaticSlidingWindowLayer, before its lazy allocation
-            layer.max_cache_len -= by
-    return cache
-
-
 def uncached_along(model, sequence, start):
     """The logits of each generated step from one full forward per step, no cache at all."""
     with torch.no_grad():
@@ -134,7 +123,7 @@ def test_a_sliding_window_one_token_too_small_is_reported_as_different(model):
     with torch.no_grad():
         reference = model(input_ids=ids).logits
     settings = long_context.LongContext(chunk=CHUNK)
-    broken = narrowed(long_context.new_cache(model, "static", SEQUENCE))
+    broken = long_context.narrow_window(long_context.new_cache(model, "static", SEQUENCE))
     agreement = long_context.logits_agree(reference, settings.prefill_logits(model, ids, cache=broken), ATOL)
     assert not agreement["close"] and agreement["max_abs_diff"] > 100 * ATOL, agreement
 
@@ -147,7 +136,8 @@ def test_cached_decoding_after_the_tuned_chunked_prefill_matches_uncached_forwar
     reference = uncached_along(model, out.sequences, SEQUENCE)
     assert long_context.logits_agree(reference, decoded, ATOL)["close"]
     assert len(set(decoded.argmax(-1).tolist())) > 1  # the decoded tokens vary
-    broken = settings.generate(model, ids, new, keep_logits=True, cache=narrowed(long_context.new_cache(model, "static", SEQUENCE + new)))
+    narrow = long_context.narrow_window(long_context.new_cache(model, "static", SEQUENCE + new))
+    broken = settings.generate(model, ids, new, keep_logits=True, cache=narrow)
     broken_reference = uncached_along(model, broken.sequences, SEQUENCE)
     assert not long_context.logits_agree(broken_reference, torch.stack([step[0] for step in broken.logits]), ATOL)["close"]
 
