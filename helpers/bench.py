@@ -399,6 +399,9 @@ def summary_lines(records: list) -> list:
             ratio = f", {record['decode_tokens_per_s'] / plain:.2f}x plain generate" if plain else ""
             parts.append(f"{record['decode_tokens_per_s']} tokens/s{ratio}, bandwidth limit "
                          f"{record.get('bandwidth_limit_tokens_per_s')} tokens/s")
+        skipped = (record.get("compile") or {}).get("cudagraph_skips")
+        if skipped:
+            parts.append(f"CUDA graphs skipped {skipped} time(s)")
         if record.get("identity", {}).get("compared"):
             check = record["identity"]
             verdict = ("told apart" if check["told_apart"] else "NOT told apart") if check["control"] else (

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import torch._dynamo
 
 from . import placement
 from .errors import CourseError, require_bool, require_choice, require_whole_number
@@ -240,6 +241,12 @@ class TunedGreedy:
         options = {"fullgraph": self.settings.fullgraph, "dynamic": False}
         if mode == "reduce-overhead":
             return torch.compile(forward, mode="reduce-overhead", **options)
+        if mode == "cudagraphs":
+            # the step writes the static cache in place: keep those writes inside the graph (the default replays
+            # them after it, copying whole cache tensors) and let the backend capture a graph that mutates its
+            # inputs (the default skips CUDA graphs for it); the cache's tensors are marked static by transformers
+            torch._dynamo.config.cudagraph_backend_keep_input_mutation = True
+            torch._dynamo.config.cudagraph_backend_support_input_mutation = True
         return torch.compile(forward, backend=mode, **options)
 
     def cache(self, length: int):

@@ -235,7 +235,10 @@ def fits_context(model, tokenizer, context: int, device, decode_tokens: int = 8,
 
 
 def copy_bandwidth(device, size_bytes: int = 2 * 1024**3, repeats: int = 10) -> float:
-    """Bytes per second a device-to-device copy moves (read + write): the practical ceiling on reading weights."""
+    """Bytes per second a device-to-device copy moves (read + write): the practical ceiling on reading weights.
+    Under a simulated card the buffers take at most a quarter of what the cap leaves."""
+    if torch.device(device).type == "cuda":
+        size_bytes = min(size_bytes, cards.budget_bytes(device) // 4)
     source = torch.empty(size_bytes, dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
     target.copy_(source)
@@ -451,10 +454,13 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
     if len({json.dumps(r.tokens) for r in (first, *timed)}) != 1:
         record["greedy_unstable"] = True
     _identity_fields(record, first, second, logits_out)
-    bandwidth = copy_bandwidth(device)
     read = decode_bytes_per_token(record["model"], record["quant"], record["ple"] or "gpu", greedy_context + new_tokens)
-    record.update(copy_bandwidth_bytes_per_s=round(bandwidth), bytes_read_per_token=read,
-                  bandwidth_limit_tokens_per_s=round(bandwidth / read, 1))
+    try:
+        bandwidth = copy_bandwidth(device)
+        record.update(copy_bandwidth_bytes_per_s=round(bandwidth), bytes_read_per_token=read,
+                      bandwidth_limit_tokens_per_s=round(bandwidth / read, 1))
+    except torch.OutOfMemoryError:
+        record.update(bytes_read_per_token=read, copy_bandwidth_bytes_per_s=None)
     if profile_trace is not None:
         steps = min(profile_steps, new_tokens)
 
