@@ -27,6 +27,7 @@ import argparse
 import datetime
 import functools
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -72,6 +73,7 @@ class Configuration:
     reference: str = ""  # the name of the configuration whose logits these must equal
     control: bool = False  # deliberately broken: its logits must differ from the reference's
     profile: bool = False  # also write a torch.profiler trace of decode steps
+    allocator: str = ""  # PYTORCH_ALLOC_CONF for the process, e.g. "expandable_segments:True"
 
     @property
     def measured_route(self) -> str:
@@ -121,7 +123,10 @@ def _long_context_cards(cards: tuple, plain: bool) -> list:
     """The largest context that prefills (chunked) and decodes 8 tokens on each card, tuned (and plain)."""
     on = {"model": "e4b-shape", "quant": "nf4", "ple": "cpu", "new_tokens": 0, "search_max_context": True}
     return ([Configuration(**on, name=f"tuned-{card}gb", card_gb=card, path="tuned") for card in cards]
-            + ([Configuration(**on, name=f"plain-{cards[0]}gb", card_gb=cards[0], path="plain")] if plain else []))
+            + ([Configuration(**on, name=f"plain-{cards[0]}gb", card_gb=cards[0], path="plain"),
+                # the allocator setting: segments that grow in place instead of new blocks (less fragmentation)
+                Configuration(**on, name=f"tuned-{cards[0]}gb-expandable", card_gb=cards[0], path="tuned",
+                              allocator="expandable_segments:True")] if plain else []))
 
 
 def _decode(model="e4b-shape", ple="cpu", **settings) -> Configuration:
@@ -226,8 +231,10 @@ def run_in_fresh_process(config: Configuration, timeout_s: float = 540, logits_d
     trace = config.trace_path(preset) if config.profile else None
     with tempfile.TemporaryDirectory() as scratch:
         target = Path(scratch) / "record.json"
+        env = {**os.environ, "PYTORCH_ALLOC_CONF": config.allocator} if config.allocator else None
         try:
-            done = subprocess.run(config.command(target, logits, trace), timeout=timeout_s, capture_output=True, text=True)
+            done = subprocess.run(config.command(target, logits, trace), timeout=timeout_s, capture_output=True, text=True,
+                                  env=env)
         except subprocess.TimeoutExpired:
             return {"crashed": f"timed out after {timeout_s:.0f} s"}
         if done.returncode != 0 or not target.is_file():
@@ -391,10 +398,16 @@ def summary_lines(records: list) -> list:
             parts.append(record.get("crashed") or record.get("load_error"))
         for point in record.get("prefill") or []:
             parts.append(f"{point['context']}: " + ("OOM" if point.get("oom") else f"{point['peak_bytes'] / 1e9:.2f} GB"))
+            card = record["configuration"].get("card_gb")
+            if card and (point.get("peak_reserved_bytes") or 0) > card * 1e9:
+                parts.append(f"reserved {point['peak_reserved_bytes'] / 1e9:.2f} GB: the {card:g} GB cap was NOT enforced")
         if record.get("max_context") is not None:
             parts.append(f"largest context {record['max_context']}")
         if record.get("greedy_oom"):
             parts.append("greedy run out of memory")
+        card = record["configuration"].get("card_gb")
+        if card and (record.get("peak_generate_reserved_bytes") or 0) > card * 1e9:
+            parts.append(f"greedy run reserved {record['peak_generate_reserved_bytes'] / 1e9:.2f} GB: the cap was NOT enforced")
         if record.get("decode_tokens_per_s"):
             ratio = f", {record['decode_tokens_per_s'] / plain:.2f}x plain generate" if plain else ""
             parts.append(f"{record['decode_tokens_per_s']} tokens/s{ratio}, bandwidth limit "
@@ -422,7 +435,9 @@ def main(argv=None) -> int:
     if args.dry_run:
         for config in presets()[args.preset]:
             logits = "<logits.pt>" if config.keep_logits else None
-            print(" ".join(config.command("<record.json>", logits, config.trace_path(args.preset) if config.profile else None)[1:]))
+            prefix = f"PYTORCH_ALLOC_CONF={config.allocator} " if config.allocator else ""
+            print(prefix + " ".join(config.command("<record.json>", logits,
+                                                   config.trace_path(args.preset) if config.profile else None)[1:]))
         return 0
     if args.estimate:
         total = 0.0

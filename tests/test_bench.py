@@ -183,6 +183,7 @@ def test_dry_run_lists_the_long_context_and_decoding_options(preset):
     lines = done.stdout.strip().splitlines()
     assert done.returncode == 0 and len(lines) == len(bench.presets()[preset])
     for line, config in zip(lines, bench.presets()[preset]):
+        assert line.startswith(f"PYTORCH_ALLOC_CONF={config.allocator} " if config.allocator else "-m helpers.measure")
         assert ("--path " + config.path in line) == bool(config.path)
         assert ("--decode " + config.decode in line) == bool(config.decode)
         assert ("--logits-out" in line) == config.keep_logits and ("--profile-trace" in line) == config.profile
@@ -260,3 +261,25 @@ def test_named_records_of_one_placement_are_kept_apart_and_an_unrun_preset_reads
     kept = records.preset_records("long-context", directory=tmp_path)
     assert set(kept) == {c.name for c in bench.presets()["long-context"]}
     assert records.preset_records("decode-speed", directory=tmp_path) == {}
+
+
+def test_the_allocator_setting_reaches_the_measuring_process_and_only_that_one(monkeypatch):
+    seen = []
+
+    def fake_run(command, **kwargs):
+        seen.append((kwargs.get("env") or {}).get("PYTORCH_ALLOC_CONF"))
+        raise subprocess.TimeoutExpired(command, 1)
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    for config in bench.presets()["long-context-8gb"]:
+        bench.run_in_fresh_process(config)
+    assert seen == [c.allocator or None for c in bench.presets()["long-context-8gb"]]
+    assert "expandable_segments:True" in seen
+
+
+def test_a_capped_run_that_reserved_more_than_its_card_is_called_out():
+    record = {"configuration": {"name": "tuned-8gb", "card_gb": 8},
+              "prefill": [{"context": 131072, "peak_bytes": 7e9, "peak_reserved_bytes": 9e9}]}
+    assert "NOT enforced" in bench.summary_lines([record])[0]
+    record["prefill"][0]["peak_reserved_bytes"] = 7.5e9
+    assert "NOT enforced" not in bench.summary_lines([record])[0]
