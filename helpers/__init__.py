@@ -9,6 +9,7 @@ Imports point down this list, never up:
     placement, quantization        device maps and the PLE offload; bitsandbytes configs
     weights                        bytes per part from the meta model, before loading
     loading                        load_model(source, quant, ple, device)
+    long_context, decoding         long prompts without copies (chunks, window-sized cache); greedy decoding in CUDA graphs
     records                        readers of the recorded results (data/measurements, gpu-tier, gguf, chat)
     planner                        predict / fits: memory before loading, from a config and the records
     anatomy, charts, environment   module trees, plots, the setup check

@@ -4,10 +4,17 @@ recorded under data/measurements/, with PLE-on-CPU vs PLE-on-GPU ratios from the
     python -m helpers.bench quick              # or: memory, cards, speed
     python -m helpers.bench memory --jobs 4    # configurations side by side (memory only, no timings)
     python -m helpers.bench memory --dry-run   # list what a preset would run
+    python -m helpers.bench long-context       # issue 15: peak vs context, plain and tuned; 128k on an 8 GB card
+    python -m helpers.bench decode-speed       # issue 15: plain generate vs the tuned decode, logits compared
 
 Each configuration runs ``python -m helpers.measure`` in its own process, so an out-of-memory
 error is recorded as a result and cannot poison the next one. Records accumulate: every run
 appends one JSON line per configuration to ``data/measurements/<model>.jsonl``.
+
+Presets with named configurations (``long-context``, ``long-context-8gb``, ``long-context-cards``,
+``decode-speed``, ``decode-speed-inductor``, ``decode-speed-more``, ``decode-speed-e2b``) compare a configuration with the one it names as
+``reference``, from the same run: logits bit for bit over the steps where both agree with themselves
+(``measure.self_consistent_steps``); a ``control`` must be told apart from its reference.
 
 ``--jobs N`` runs N configurations at once. Allocator statistics are per process, so memory
 figures stay exact; speeds do not (the processes share the GPU), so a record made with N > 1
@@ -18,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,13 +36,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
 from . import models
 from .cards import SIMULATED_CARDS_GB
-from .paths import MEASUREMENTS_DIR
+from .errors import CourseError
+from .long_context import DEFAULT_CHUNK
+from .measure import DECODE_MODES, compare_logits
+from .paths import BUILD_DIR, MEASUREMENTS_DIR
 from .placement import PLACEMENTS
+from .records import speed_record
 
 MODELS = ("e4b-shape", "e2b-shape")
 MEMORY_CONTEXTS = (512, 1024, 2048, 4096, 8500, 16384, 32768)
+LONG_CONTEXTS = (8192, 16384, 32768, 65536, 131072)  # E4B's max_position_embeddings is the last
+TRACES_DIR = BUILD_DIR / "traces"  # torch.profiler traces (large; not committed)
 
 
 @dataclass(frozen=True)
@@ -47,17 +64,38 @@ class Configuration:
     decode_runs: int = 1
     search_max_context: bool = False
     route: str = ""  # a helpers.measure route other than the course loader's ple-<ple>, e.g. cpu-entry
+    name: str = ""  # unique within a preset; configurations compared by name rather than by placement
+    path: str = ""  # long prompts: "plain" or "tuned" chunked prefill (measure --path)
+    prefill_chunk: int = DEFAULT_CHUNK
+    decode: str = ""  # a measure.DECODE_MODES mode (measure --decode)
+    greedy_context: int = 32  # prompt length of the greedy runs
+    keep_logits: bool = False  # keep the greedy logits for a comparison
+    reference: str = ""  # the name of the configuration whose logits these must equal
+    control: bool = False  # deliberately broken: its logits must differ from the reference's
+    profile: bool = False  # also write a torch.profiler trace of decode steps
+    allocator: str = ""  # PYTORCH_ALLOC_CONF for the process, e.g. "expandable_segments:True"
 
     @property
     def measured_route(self) -> str:
         return self.route or f"ple-{self.ple}"
 
-    def command(self, json_path, logits_path=None) -> list:
+    def trace_path(self, preset: str) -> Path:
+        return TRACES_DIR / f"{preset}-{self.model}-{self.name or self.measured_route}.json"
+
+    def command(self, json_path, logits_path=None, trace_path=None) -> list:
         cmd = [sys.executable, "-m", "helpers.measure", "--model", self.model, "--quant", self.quant,
                "--route", self.measured_route, "--new-tokens", str(self.new_tokens),
                "--decode-runs", str(self.decode_runs), "--json", str(json_path)]
         if logits_path is not None:
             cmd += ["--logits-out", str(logits_path)]
+        if self.path:
+            cmd += ["--path", self.path, "--prefill-chunk", str(self.prefill_chunk)]
+        if self.decode:
+            cmd += ["--decode", self.decode]
+        if self.greedy_context != 32:
+            cmd += ["--greedy-context", str(self.greedy_context)]
+        if trace_path is not None:
+            cmd += ["--profile-trace", str(trace_path)]
         for context in self.contexts:
             cmd += ["--context", str(context)]
         if self.card_gb is not None:
@@ -67,8 +105,37 @@ class Configuration:
         return cmd
 
 
+def _long_context() -> list:
+    """E4B NF4, PLE on the CPU: peak against context for the plain and the tuned chunked prefill (prefills only),
+    then the goal: 131,072 tokens and 32 more on an 8 GB card, logits equal to the same code uncapped, and the
+    plain path on the same card for contrast."""
+    on = {"model": "e4b-shape", "quant": "nf4", "ple": "cpu"}
+    return [Configuration(**on, name="plain", path="plain", contexts=LONG_CONTEXTS, new_tokens=0),
+            Configuration(**on, name="tuned", path="tuned", contexts=LONG_CONTEXTS, new_tokens=0),
+            Configuration(**on, name="tuned-128k", path="tuned", greedy_context=LONG_CONTEXTS[-1], new_tokens=32,
+                          keep_logits=True),
+            Configuration(**on, name="tuned-128k-8gb", card_gb=8, path="tuned", greedy_context=LONG_CONTEXTS[-1],
+                          new_tokens=32, keep_logits=True, reference="tuned-128k"),
+            Configuration(**on, name="plain-128k-8gb", card_gb=8, path="plain", contexts=(LONG_CONTEXTS[-1],), new_tokens=0)]
+
+
+def _long_context_cards(cards: tuple, plain: bool) -> list:
+    """The largest context that prefills (chunked) and decodes 8 tokens on each card, tuned (and plain)."""
+    on = {"model": "e4b-shape", "quant": "nf4", "ple": "cpu", "new_tokens": 0, "search_max_context": True}
+    return ([Configuration(**on, name=f"tuned-{card}gb", card_gb=card, path="tuned") for card in cards]
+            + ([Configuration(**on, name=f"plain-{cards[0]}gb", card_gb=cards[0], path="plain"),
+                # the allocator setting: segments that grow in place instead of new blocks (less fragmentation)
+                Configuration(**on, name=f"tuned-{cards[0]}gb-expandable", card_gb=cards[0], path="tuned",
+                              allocator="expandable_segments:True")] if plain else []))
+
+
+def _decode(model="e4b-shape", ple="cpu", **settings) -> Configuration:
+    return Configuration(model, "nf4", ple, new_tokens=256, keep_logits=True, **settings)
+
+
 def presets() -> dict:
-    """Named parts of the grid, each meant to finish within 10 minutes on one H200."""
+    """Named parts of the grid, each meant to finish within 10 minutes on one H200 (the issue-15 presets'
+    estimates are in the report of that issue and in tests/test_bench.py)."""
     return {
         "quick": [Configuration("e4b-shape", "nf4", ple, contexts=(512, 2048)) for ple in PLACEMENTS],
         "memory": [Configuration(model, quant, ple, contexts=MEMORY_CONTEXTS, new_tokens=32)
@@ -79,7 +146,61 @@ def presets() -> dict:
                   for model in MODELS for ple in PLACEMENTS]
         # the naive "cpu" device-map entry, for the time per token it costs (slow: few tokens)
         + [Configuration("e4b-shape", "nf4", "cpu", contexts=(512,), new_tokens=8, route="cpu-entry")],
+        "long-context": _long_context(),
+        "long-context-8gb": _long_context_cards(SIMULATED_CARDS_GB[:1], plain=True),
+        "long-context-cards": _long_context_cards(SIMULATED_CARDS_GB[1:], plain=False),
+        # plain generate, its static-cache twin (the identity reference), the tuned decode in CUDA graphs of the
+        # eager kernels, and the control: the tuned loop with one PLE row nudged by one bf16 ulp
+        "decode-speed": [_decode(name="generate", decode="generate", profile=True),
+                         _decode(name="generate-static", decode="generate-static"),
+                         _decode(name="cudagraphs", decode="cudagraphs", reference="generate-static", profile=True),
+                         _decode(name="loop-nudged", decode="loop", route="ple-cpu-nudged",
+                                 reference="generate-static", control=True)],
+        # the eager tuned loop (hooks removed, static cache, nothing compiled) and Inductor's fused kernels
+        "decode-speed-inductor": [_decode(name="generate-static", decode="generate-static"),
+                                  _decode(name="loop", decode="loop", reference="generate-static"),
+                                  _decode(name="reduce-overhead", decode="reduce-overhead", reference="generate-static",
+                                          profile=True)],
+        # the same settings with the PLE on the GPU and under an 8 GB cap, and on E2B
+        "decode-speed-more": [_decode(ple="gpu", name="e4b-gpu-generate", decode="generate"),
+                              _decode(ple="gpu", name="e4b-gpu-cudagraphs", decode="cudagraphs"),
+                              _decode(name="e4b-cpu-cudagraphs-8gb", decode="cudagraphs", card_gb=8)],
+        "decode-speed-e2b": [_decode(model="e2b-shape", name="e2b-cpu-generate", decode="generate"),
+                             _decode(model="e2b-shape", name="e2b-cpu-cudagraphs", decode="cudagraphs")],
     }
+
+
+# --- how long a preset takes on one H200: the recorded speeds (the speed preset) and these assumptions ---------
+PROCESS_START_S = 15  # python, torch, transformers and the CUDA context, per configuration (assumed)
+COMPILE_S = {"eager": 60, "cudagraphs": 120, "reduce-overhead": 240}  # Dynamo, + capture, + Inductor (assumed)
+ATTENTION_HALF_AT = 65536  # prefill: attention assumed to cost as much as the rest at this context
+STATIC_ATTENTION = 2  # a static cache attends over its whole length at every chunk
+
+
+def estimate_seconds(config: Configuration, directory: Path = MEASUREMENTS_DIR) -> float:
+    """An upper estimate of one configuration's time on the GPU the speed preset ran on: its recorded load time,
+    prefill tokens/s at 4,096 and decode tokens/s (compiled modes assumed no faster than plain generate), with
+    the assumptions above. Raises FileNotFoundError without speed records."""
+    try:
+        record = speed_record(config.model, f"ple-{config.ple}", config.quant, directory)
+    except FileNotFoundError:  # only NF4 is timed by the speed preset: its speeds stand in
+        record = speed_record(config.model, f"ple-{config.ple}", "nf4", directory)
+    rate = next(p["tokens_per_s"] for p in record["prefill"] if p["context"] == 4096)
+    attention = STATIC_ATTENTION if config.path == "tuned" else 1
+
+    def prefill(n: int) -> float:
+        return n / rate * (1 + attention * n / ATTENTION_HALF_AT)
+
+    seconds = PROCESS_START_S + record["load_s"] + sum(prefill(n) for n in config.contexts)
+    if config.search_max_context:  # bisection to 512 tokens: the two ends, then about log2(limit / 512) midpoints
+        limit = models.load_config(config.model).get_text_config().max_position_embeddings
+        seconds += prefill(512) + prefill(limit) + 8 * prefill(limit // 2)
+    if config.new_tokens:
+        runs = 2 + config.decode_runs if config.decode else 2
+        seconds += runs * (prefill(config.greedy_context) + config.new_tokens / record["decode_tokens_per_s"])
+    if config.decode:
+        seconds += COMPILE_S.get(DECODE_MODES[config.decode], 0)
+    return seconds
 
 
 TIMING_KEYS = ("decode_tokens_per_s", "seconds_per_token")
@@ -102,17 +223,27 @@ def without_timings(record: dict, jobs: int) -> dict:
     return record
 
 
-def run_in_fresh_process(config: Configuration, timeout_s: float = 540) -> dict:
+def run_in_fresh_process(config: Configuration, timeout_s: float = 540, logits_dir: Path | None = None,
+                         preset: str = "") -> dict:
+    """One configuration in its own ``python -m helpers.measure`` process; its logits (``keep_logits``) go to
+    ``logits_dir`` for the comparisons, its profile trace to ``build/traces/``."""
+    logits = Path(logits_dir) / f"{config.name or config.measured_route}.pt" if config.keep_logits and logits_dir else None
+    trace = config.trace_path(preset) if config.profile else None
     with tempfile.TemporaryDirectory() as scratch:
         target = Path(scratch) / "record.json"
+        env = {**os.environ, "PYTORCH_ALLOC_CONF": config.allocator} if config.allocator else None
         try:
-            done = subprocess.run(config.command(target), timeout=timeout_s, capture_output=True, text=True)
+            done = subprocess.run(config.command(target, logits, trace), timeout=timeout_s, capture_output=True, text=True,
+                                  env=env)
         except subprocess.TimeoutExpired:
             return {"crashed": f"timed out after {timeout_s:.0f} s"}
         if done.returncode != 0 or not target.is_file():
             last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
             return {"crashed": f"exit {done.returncode}: {last[0][:300]}"}
-        return json.loads(target.read_text())
+        record = json.loads(target.read_text())
+    if logits is not None and logits.is_file():
+        record["logits_file"] = str(logits)
+    return record
 
 
 _APPEND_LOCK = threading.Lock()  # with --jobs, whole lines from one thread at a time
@@ -121,9 +252,49 @@ _APPEND_LOCK = threading.Lock()  # with --jobs, whole lines from one thread at a
 def append_record(record: dict, directory: Path = MEASUREMENTS_DIR) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{record['configuration']['model']}.jsonl"
+    kept = {key: value for key, value in record.items() if key != "logits_file"}  # a scratch file, gone after the run
     with _APPEND_LOCK, open(target, "a") as handle:
-        handle.write(json.dumps(record, sort_keys=True) + "\n")
+        handle.write(json.dumps(kept, sort_keys=True) + "\n")
     return target
+
+
+def identity(reference: dict | None, candidate: dict, config: Configuration) -> dict:
+    """The candidate's logits against its reference's, bit for bit over the steps where each agrees with itself;
+    for a control, whether it was told apart. Never claims identity it could not check."""
+    result = {"reference": config.reference, "control": config.control, "compared": False}
+    files = [(record or {}).get("logits_file") for record in (reference, candidate)]
+    if not all(files) or not all(Path(f).is_file() for f in files):
+        result["why_not"] = "no logits to compare (a crash, an out-of-memory error, or the reference did not run)"
+        return result
+    first, second = torch.load(files[0]), torch.load(files[1])
+    steps = min(reference.get("self_consistent_steps") or 0, candidate.get("self_consistent_steps") or 0,
+                len(first), len(second))
+    if steps == 0:
+        result["why_not"] = "no step on which both runs agree with themselves"
+        return result
+    compared = compare_logits(first, second, steps)
+    result.update(compared=True, steps=steps, identical=compared["identical"], first_difference=compared["first_difference"],
+                  max_abs_diff=compared["max_abs_diff"], distinct_tokens=reference.get("greedy_distinct_tokens"))
+    if config.control:
+        result["told_apart"] = not compared["identical"]
+    return result
+
+
+def identity_failures(records: list) -> list:
+    """Sentences for every comparison that went wrong: a configuration that should equal its reference and
+    does not, or a control its reference cannot be told apart from."""
+    failures = []
+    for record in records:
+        check = record.get("identity")
+        if not check or not check.get("compared"):
+            continue
+        name = record["configuration"].get("name")
+        if check["control"] and not check["told_apart"]:
+            failures.append(f"control {name} gave the same logits as {check['reference']}: the comparison proves nothing")
+        elif not check["control"] and not check["identical"]:
+            failures.append(f"{name} differs from {check['reference']} at step {check['first_difference']} "
+                            f"(max |diff| {check['max_abs_diff']:.3g}) within {check['steps']} self-consistent steps")
+    return failures
 
 
 @dataclass
@@ -146,8 +317,8 @@ def compare(records: list) -> list:
     by_key: dict = {}
     for record in records:
         config = record["configuration"]
-        if config.get("route"):
-            continue  # only the course loader's two placements are compared
+        if config.get("route") or config.get("name"):
+            continue  # only the course loader's two placements are compared (named configurations by name)
         by_key.setdefault((config["model"], config["quant"], config["card_gb"]), {})[config["ple"]] = record
     comparisons = []
     for (model, quant, card), pair in sorted(by_key.items(), key=lambda item: str(item[0])):
@@ -173,17 +344,30 @@ def compare(records: list) -> list:
     return comparisons
 
 
-def run_preset(name: str, *, runner=run_in_fresh_process, directory: Path = MEASUREMENTS_DIR, command: str = "",
-               jobs: int = 1) -> tuple:
+def run_preset(name: str, *, runner=None, directory: Path = MEASUREMENTS_DIR, command: str = "", jobs: int = 1) -> tuple:
     """Run every configuration of a preset (``jobs`` at a time), append its records as each one
-    finishes, and compare the placements."""
+    finishes, and compare the placements (named configurations: each with its reference)."""
     configurations = presets()[name]
+    if jobs > 1 and any(c.reference or c.decode for c in configurations):
+        raise CourseError(f"The {name} preset times decoding and compares each configuration with one run before it: "
+                          f"run it with --jobs 1.")
+    with tempfile.TemporaryDirectory() as scratch:
+        return _run_configurations(name, configurations, runner or functools.partial(
+            run_in_fresh_process, logits_dir=Path(scratch), preset=name), directory, command, jobs)
+
+
+def _run_configurations(name, configurations, runner, directory, command, jobs) -> tuple:
+    finished: dict = {}
 
     def run_one(numbered):
         number, config = numbered
-        label = f"{config.model} {config.quant} {config.measured_route} card={config.card_gb}"
+        label = f"{config.model} {config.quant} {config.name or config.measured_route} card={config.card_gb}"
         print(f"[{number}/{len(configurations)}] {label}: started", flush=True)
         record = runner(config)
+        if config.reference:
+            record["identity"] = identity(finished.get(config.reference), record, config)
+        if config.name:
+            finished[config.name] = record
         if jobs > 1:
             without_timings(record, jobs)
         record.update(configuration=asdict(config), preset=name, command=command or f"python -m helpers.bench {name}",
@@ -203,32 +387,91 @@ def run_preset(name: str, *, runner=run_in_fresh_process, directory: Path = MEAS
     return records, compare(records)
 
 
+def summary_lines(records: list) -> list:
+    """One line per named configuration: what it measured, and its ratio to plain generate where there is one."""
+    named = {r["configuration"]["name"]: r for r in records if r["configuration"].get("name")}
+    plain = next((r.get("decode_tokens_per_s") for n, r in named.items() if n.endswith("generate")), None)
+    lines = []
+    for name, record in named.items():
+        parts = [name]
+        if record.get("crashed") or record.get("load_error"):
+            parts.append(record.get("crashed") or record.get("load_error"))
+        for point in record.get("prefill") or []:
+            parts.append(f"{point['context']}: " + ("OOM" if point.get("oom") else f"{point['peak_bytes'] / 1e9:.2f} GB"))
+            card = record["configuration"].get("card_gb")
+            if card and (point.get("peak_reserved_bytes") or 0) > card * 1e9:
+                parts.append(f"reserved {point['peak_reserved_bytes'] / 1e9:.2f} GB: the {card:g} GB cap was NOT enforced")
+        if record.get("max_context") is not None:
+            parts.append(f"largest context {record['max_context']}")
+        if record.get("greedy_oom"):
+            parts.append("greedy run out of memory")
+        card = record["configuration"].get("card_gb")
+        if card and (record.get("peak_generate_reserved_bytes") or 0) > card * 1e9:
+            parts.append(f"greedy run reserved {record['peak_generate_reserved_bytes'] / 1e9:.2f} GB: the cap was NOT enforced")
+        if record.get("decode_tokens_per_s"):
+            ratio = f", {record['decode_tokens_per_s'] / plain:.2f}x plain generate" if plain else ""
+            parts.append(f"{record['decode_tokens_per_s']} tokens/s{ratio}, bandwidth limit "
+                         f"{record.get('bandwidth_limit_tokens_per_s')} tokens/s")
+        skipped = (record.get("compile") or {}).get("cudagraph_skips")
+        if skipped:
+            parts.append(f"CUDA graphs skipped {skipped} time(s)")
+        if record.get("identity", {}).get("compared"):
+            check = record["identity"]
+            verdict = ("told apart" if check["told_apart"] else "NOT told apart") if check["control"] else (
+                "identical" if check["identical"] else f"differs at step {check['first_difference']}")
+            parts.append(f"logits vs {check['reference']} over {check['steps']} steps: {verdict}")
+        lines.append("; ".join(parts))
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("preset", choices=sorted(presets()))
     parser.add_argument("--dry-run", action="store_true", help="list the configurations and exit")
+    parser.add_argument("--estimate", action="store_true", help="estimate each configuration's seconds on the GPU and exit")
     parser.add_argument("--jobs", type=int, default=1,
                         help="configurations measured at once (memory figures only: speeds are nulled when > 1)")
     args = parser.parse_args(argv)
     if args.dry_run:
         for config in presets()[args.preset]:
-            print(" ".join(config.command("<record.json>")[1:]))
+            logits = "<logits.pt>" if config.keep_logits else None
+            prefix = f"PYTORCH_ALLOC_CONF={config.allocator} " if config.allocator else ""
+            print(prefix + " ".join(config.command("<record.json>", logits,
+                                                   config.trace_path(args.preset) if config.profile else None)[1:]))
         return 0
-    import torch
-
+    if args.estimate:
+        total = 0.0
+        for config in presets()[args.preset]:
+            seconds = estimate_seconds(config)
+            total += seconds
+            print(f"{config.name or config.measured_route:<24} {seconds:6.0f} s")
+        print(f"{'total':<24} {total:6.0f} s (recorded speeds of the speed preset; assumptions in helpers/bench.py)")
+        return 0
     if not torch.cuda.is_available():
         print("helpers.bench measures GPU memory and speed: run it on a CUDA machine.")
         return 2
     for model in sorted({config.model for config in presets()[args.preset]}):
         # built here with one progress bar; the jobs would wait on the build lock in silence
         print(f"checkpoint {model}: {models.resolve(model)}", flush=True)
-    records, comparisons = run_preset(args.preset, jobs=args.jobs, command="python -m helpers.bench " + " ".join(argv or sys.argv[1:]))
+    try:
+        records, comparisons = run_preset(args.preset, jobs=args.jobs,
+                                          command="python -m helpers.bench " + " ".join(argv or sys.argv[1:]))
+    except CourseError as err:
+        print(err, file=sys.stderr)
+        return 2
     crashed = [r for r in records if "crashed" in r]
+    for line in summary_lines(records):
+        print(line)
+    failures = identity_failures(records)
+    for failure in failures:
+        print(f"FAILED: {failure}")
     for comparison in comparisons:
         print(f"{comparison.model} {comparison.quant} card={comparison.card_gb}: PLE on CPU / on GPU = {comparison.ratios}; "
               f"logits identical: {comparison.logits_match}, greedy identical: {comparison.greedy_match} "
               f"({comparison.distinct_tokens} distinct tokens)")
     mismatched = [c for c in comparisons if c.greedy_match is False or c.logits_match is False]
+    if failures:
+        return 1
     if mismatched or crashed:
         print(f"FAILED: {len(mismatched)} logits or greedy mismatch(es), {len(crashed)} crashed configuration(s)")
         return 1

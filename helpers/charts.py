@@ -140,3 +140,26 @@ def card_fits(records: list, ax=None, planner=None):
     ax.set_xlim(0, max(values) * 1.2)
     ax.set_title("What fits on which card (orange: PLE on GPU, blue: PLE on CPU)", fontsize=10)
     return ax
+
+
+def peak_against_context_paths(predicted: dict, measured: dict, ax=None, card_gb=SIMULATED_CARDS_GB):
+    """Peak GB against context for a chunked prefill, one line per path: the planner's prediction (dotted) and
+    the benchmark's measurement where there is one (solid); the learners' cards as grey lines.
+    ``predicted``/``measured``: path -> {context: bytes}."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    for path, points in predicted.items():
+        line, = ax.plot(list(points), [v / 1e9 for v in points.values()], linestyle=":", marker=".",
+                        label=f"{path}: planner")
+        if measured.get(path):
+            ax.plot(list(measured[path]), [v / 1e9 for v in measured[path].values()], color=line.get_color(),
+                    marker="o", label=f"{path}: measured")
+    for gb in card_gb:
+        ax.axhline(gb, color="grey", linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("peak GB on the GPU")
+    ax.legend(fontsize=8)
+    return ax

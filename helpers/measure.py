@@ -14,6 +14,20 @@ Routes:
   ple-cpu-nudged the control: ``ple="cpu"`` with one PLE row moved by one bf16 ulp; its logits must
                  differ from ``ple-gpu``'s, or the identity check proves nothing
   ple-cpu-fp16   ``ple="cpu"`` with 4-bit layers computing in fp16, what a T4 (no native bf16) gets
+
+Long prompts (``helpers.long_context``): ``--path plain`` prefills with ``generate(prefill_chunk_size=N)`` as it
+comes, ``--path tuned`` with ``LongContext(chunk=N)`` (a static cache, attention without ``repeat_kv``); the
+prefill peaks, the largest context and the greedy run (``--greedy-context``: its prompt length) all use it.
+
+Decoding speed (``helpers.decoding``): ``--decode MODE`` times greedy decoding of ``--new-tokens`` after a
+``--greedy-context`` prompt, twice with logits (the first also compiles) and ``--decode-runs`` more:
+  generate         plain ``generate`` (its dynamic cache), accelerate's hooks in place
+  generate-static  plain ``generate`` with a ``StaticCache``: the reference the tuned modes must equal
+  loop             the tuned loop, eager: hooks removed, static cache, PLE rows and masks outside the step
+  dynamo           the same compiled with ``backend="eager"`` (Dynamo only: graph breaks show, kernels unchanged)
+  cudagraphs       compiled with ``backend="cudagraphs"``: the eager kernels replayed as one CUDA graph
+  reduce-overhead  compiled with ``mode="reduce-overhead"``: Inductor's fused kernels in CUDA graphs
+``--profile-trace PATH`` also writes a ``torch.profiler`` Chrome trace of ``--profile-steps`` decode steps.
 """
 
 from __future__ import annotations
@@ -30,10 +44,11 @@ from pathlib import Path
 
 import torch
 
-from . import cards, loading, models, placement, quantization
+from . import cards, decoding, loading, models, placement, quantization
 from .errors import CourseError
 from .host_memory import PeakSampler
-from .planner import largest_true
+from .long_context import DEFAULT_CHUNK, LongContext
+from .planner import PATHS, decode_bytes_per_token, largest_true
 from .records import environment
 from .weights import meta_model
 
@@ -41,6 +56,16 @@ from .weights import meta_model
 # of one model in one process drifted apart on the H200 (PyTorch's reproducibility notes)
 DETERMINISTIC_CUBLAS = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nudged", "ple-cpu-fp16")
+# --decode modes: None = plain generate; otherwise the torch.compile mode of decoding.Decoder
+DECODE_MODES = {"generate": None, "generate-static": None, "loop": None, "dynamo": "eager", "cudagraphs": "cudagraphs",
+                "reduce-overhead": "reduce-overhead"}
+
+
+def path_settings(path: str | None, chunk: int = DEFAULT_CHUNK) -> LongContext | None:
+    """The long-context settings of ``--path`` (None: the prefill is one plain forward, as before)."""
+    if path is None:
+        return None
+    return LongContext(chunk=chunk) if path == "tuned" else LongContext.plain(chunk)
 PROMPT_TEXT = "The per-layer embedding table is a lookup, so only the rows of these tokens are read. "
 
 
@@ -155,15 +180,19 @@ def config_sha256(source) -> str:
     return hashlib.sha256((Path(models.resolve(source)) / "config.json").read_bytes()).hexdigest()
 
 
-def prefill_peak(model, tokenizer, context: int, device, new_tokens: int = 1) -> dict:
+def prefill_peak(model, tokenizer, context: int, device, new_tokens: int = 1, settings: LongContext | None = None) -> dict:
     """Peak GPU memory and speed of one ``generate`` prefill of ``context`` tokens (and
-    ``new_tokens`` - 1 decoded after it); ``{"context", "oom": True, ...}`` when it runs out of memory."""
+    ``new_tokens`` - 1 decoded after it), plain or with long-context ``settings``;
+    ``{"context", "oom": True, ...}`` when it runs out of memory."""
     ids = prompt_ids(tokenizer, context, device)
     torch.cuda.reset_peak_memory_stats(device)
     try:
         torch.cuda.synchronize(device)
         began = time.perf_counter()
-        _generate_exactly(model, ids, new_tokens)
+        if settings is None:
+            _generate_exactly(model, ids, new_tokens)
+        else:
+            settings.generate(model, ids, new_tokens)
         torch.cuda.synchronize(device)
         # peak reserved is what a memory cap limits: allocated plus the allocator's fragmentation
         return {"context": context, "peak_bytes": torch.cuda.max_memory_allocated(device),
@@ -200,31 +229,56 @@ def snapshot_prefill(model, tokenizer, context: int, path, device) -> Path:
     return path
 
 
-def fits_context(model, tokenizer, context: int, device, decode_tokens: int = 8) -> bool:
+def fits_context(model, tokenizer, context: int, device, decode_tokens: int = 8, settings: LongContext | None = None) -> bool:
     """Does a prefill of ``context`` tokens plus a few decoded ones run without running out of memory?"""
-    return not prefill_peak(model, tokenizer, context, device, new_tokens=decode_tokens).get("oom")
+    return not prefill_peak(model, tokenizer, context, device, new_tokens=decode_tokens, settings=settings).get("oom")
+
+
+def copy_bandwidth(device, size_bytes: int = 2 * 1024**3, repeats: int = 10) -> float:
+    """Bytes per second a device-to-device copy moves (read + write): the practical ceiling on reading weights.
+    Under a simulated card the buffers take at most a quarter of what the cap leaves."""
+    if torch.device(device).type == "cuda":
+        size_bytes = min(size_bytes, cards.budget_bytes(device) // 4)
+    source = torch.empty(size_bytes, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    decoding.synchronize(device)
+    began = time.perf_counter()
+    for _ in range(repeats):
+        target.copy_(source)
+    decoding.synchronize(device)
+    seconds = time.perf_counter() - began
+    del source, target
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return 2 * size_bytes * repeats / seconds
 
 
 def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int = 256, contexts=(), card_gb=None,
             decode_runs: int = 1, search_max_context: bool = False, max_context_limit: int | None = None,
-            logits_out: Path | None = None):
+            logits_out: Path | None = None, path: str | None = None, prefill_chunk: int = DEFAULT_CHUNK,
+            decode: str | None = None, greedy_context: int = 32, profile_trace: Path | None = None,
+            profile_steps: int = 16):
     """Measure one route in this process. ``decode_runs`` > 1 adds a warm-up run and reports the
     median decode speed; ``search_max_context`` bisects the largest context that prefills and decodes,
     up to ``max_context_limit`` (default: the model's ``max_position_embeddings``); ``logits_out`` keeps
-    the greedy run's logits for a bit-for-bit comparison with another route."""
-    path = models.resolve(source)  # once; a synthetic checkpoint is built before any card-sized cap
+    the greedy run's logits for a bit-for-bit comparison with another route. ``path``, ``prefill_chunk``:
+    long prompts; ``decode``, ``greedy_context``, ``profile_trace``: decoding speed (the module's docstring)."""
+    checkpoint = models.resolve(source)  # once; a synthetic checkpoint is built before any card-sized cap
     torch.cuda.init()
     index, device = device, torch.device("cuda", device)
     if card_gb is not None:
         cards.simulate(card_gb, device)
+    settings = path_settings(path, prefill_chunk)
     record = {"route": route, "quant": quant, "model": str(source), "card_gb": card_gb,
               "ple": route.split("-")[1] if route.startswith("ple-") else None,
-              "config_sha256": config_sha256(path)}
+              "config_sha256": config_sha256(checkpoint), "path": path,
+              "prefill_chunk": prefill_chunk if path else None, "decode": decode}
     torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
     try:
         with PeakSampler() as host_load:
-            model = _load(route, path, quant, index)
+            model = _load(route, checkpoint, quant, index)
     except torch.OutOfMemoryError as err:
         record.update(load_error=f"OutOfMemoryError: {str(err).splitlines()[0]}", load_oom=True)
         return record
@@ -245,23 +299,32 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
         host_load_file_peak_bytes=host_load.peaks.file_bytes,
         placement=placement.report(model).as_dict()["bytes_by_device"],
     )
-    tokenizer = loading.load_tokenizer(path)
-    nudge = (ple_row_nudged(model, int(prompt_ids(tokenizer, 32, "cpu")[0, -1])) if route == "ple-cpu-nudged"
+    tokenizer = loading.load_tokenizer(checkpoint)
+    nudge = (ple_row_nudged(model, int(prompt_ids(tokenizer, greedy_context, "cpu")[0, -1])) if route == "ple-cpu-nudged"
              else contextlib.nullcontext())
     with nudge:
-        _measure_loaded(model, tokenizer, device, record, new_tokens=new_tokens, contexts=contexts, decode_runs=decode_runs,
-                        logits_out=logits_out)
+        record["prefill"] = [prefill_peak(model, tokenizer, context, device, settings=settings) for context in contexts]
+        if decode is not None:
+            _measure_decoding(model, tokenizer, device, record, decode=decode, new_tokens=new_tokens,
+                              decode_runs=decode_runs, greedy_context=greedy_context, logits_out=logits_out,
+                              profile_trace=profile_trace, profile_steps=profile_steps)
+        elif settings is not None:
+            _measure_long_greedy(model, tokenizer, device, record, settings=settings, new_tokens=new_tokens,
+                                 greedy_context=greedy_context, logits_out=logits_out)
+        else:
+            _measure_loaded(model, tokenizer, device, record, new_tokens=new_tokens, decode_runs=decode_runs,
+                            logits_out=logits_out)
         if search_max_context:
             text_config = getattr(model.config, "text_config", model.config)
             limit = max_context_limit or text_config.max_position_embeddings
-            record["max_context"] = largest_true(512, limit, lambda context: fits_context(model, tokenizer, context, device))
+            record["max_context"] = largest_true(
+                512, limit, lambda context: fits_context(model, tokenizer, context, device, settings=settings))
             record["max_context_limit"] = limit
     record["host_process_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return record
 
 
-def _measure_loaded(model, tokenizer, device, record: dict, *, new_tokens: int, contexts, decode_runs: int, logits_out):
-    record["prefill"] = [prefill_peak(model, tokenizer, context, device) for context in contexts]
+def _measure_loaded(model, tokenizer, device, record: dict, *, new_tokens: int, decode_runs: int, logits_out):
     if not new_tokens:
         return
     identity = greedy(model, tokenizer, new_tokens, keep_logits=True)  # untimed: keeping logits costs time and memory
@@ -291,6 +354,124 @@ def _measure_loaded(model, tokenizer, device, record: dict, *, new_tokens: int, 
     )
 
 
+def _identity_fields(record: dict, first, second, logits_out) -> None:
+    """Tokens and logits of the first of two identical greedy runs, and how far the two agree."""
+    tokens = first.tokens
+    record.update(
+        greedy_token_count=len(tokens),
+        greedy_distinct_tokens=len(set(tokens)),
+        greedy_sha256=hashlib.sha256(json.dumps(tokens).encode()).hexdigest(),
+        logits_sha256=hashlib.sha256(first.logits.numpy().tobytes()).hexdigest(),
+        logits_finite=bool(torch.isfinite(first.logits).all()),
+        self_consistent_steps=self_consistent_steps(first.logits, second.logits),
+    )
+    if logits_out is not None:
+        torch.save(first.logits, logits_out)
+
+
+def _reset_peak(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peaks(device) -> dict:
+    """Peak allocated and reserved GPU bytes since the last reset (nothing on the CPU)."""
+    if torch.device(device).type != "cuda":
+        return {}
+    return {"peak_generate_bytes": torch.cuda.max_memory_allocated(device),
+            "peak_generate_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+
+
+def _measure_long_greedy(model, tokenizer, device, record: dict, *, settings: LongContext, new_tokens: int,
+                         greedy_context: int, logits_out) -> None:
+    """Twice: a prompt of ``greedy_context`` tokens prefilled with ``settings`` and ``new_tokens`` greedy tokens
+    after it, logits kept; the peak of the first run."""
+    if not new_tokens:
+        return
+    ids = prompt_ids(tokenizer, greedy_context, device)
+    runs = []
+    _reset_peak(device)
+    try:
+        for _ in range(2):
+            decoding.synchronize(device)
+            began = time.perf_counter()
+            out = settings.generate(model, ids, new_tokens, keep_logits=True)
+            decoding.synchronize(device)
+            logits = torch.stack([step[0] for step in out.logits]).float().cpu()
+            runs.append(decoding.GreedyRun(out.sequences[0, ids.shape[1]:].tolist(), logits, 0.0,
+                                           time.perf_counter() - began))
+            del out
+            if len(runs) == 1:
+                record.update(_peaks(device))
+    except torch.OutOfMemoryError:
+        record.update(greedy_oom=True, greedy_context=greedy_context)
+        return
+    record.update(greedy_context=greedy_context, greedy_seconds=round(runs[0].decode_s, 2))
+    _identity_fields(record, runs[0], runs[1], logits_out)
+
+
+def _compile_counters() -> dict:
+    """What Dynamo and Inductor did in this process: graphs, graph breaks, recompilations, skipped CUDA graphs."""
+    from torch._dynamo.utils import counters
+
+    return {"unique_graphs": counters["stats"].get("unique_graphs", 0),
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "cudagraph_skips": counters["inductor"].get("cudagraph_skips", 0)}
+
+
+def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, new_tokens: int, decode_runs: int,
+                      greedy_context: int, logits_out, profile_trace, profile_steps: int) -> None:
+    """Greedy decoding in one ``DECODE_MODES`` mode: two runs with logits (the first compiles), ``decode_runs``
+    more timed, the median tokens/s of all but the first; the physical limit beside it; a profile if asked."""
+    ids = prompt_ids(tokenizer, greedy_context, device)
+    counted = _compile_counters()  # process-wide counters: this mode's share is the difference
+    if decode in ("generate", "generate-static"):
+        static = decode == "generate-static"
+
+        def run(keep_logits: bool):
+            return decoding.plain_greedy(model, ids, new_tokens, static_cache=static, keep_logits=keep_logits)
+    else:
+        tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=DECODE_MODES[decode]))
+        record["hooks_removed"] = tuned.hooks_removed
+
+        def run(keep_logits: bool):
+            return tuned.greedy(ids, new_tokens, keep_logits=keep_logits)
+    _reset_peak(device)
+    try:
+        first = run(True)
+        second = run(True)
+        timed = [second] + [run(False) for _ in range(decode_runs)]
+    except torch.OutOfMemoryError:
+        record["greedy_oom"] = True
+        return
+    speeds = sorted(r.tokens_per_s for r in timed)
+    record.update(greedy_context=greedy_context, first_run_s=round(first.prefill_s + first.decode_s, 2),
+                  decode_tokens_per_s=round(speeds[len(speeds) // 2], 2),
+                  decode_tokens_per_s_runs=[round(v, 2) for v in speeds],
+                  prefill_s=round(second.prefill_s, 4), **_peaks(device),
+                  compile={key: value - counted[key] for key, value in _compile_counters().items()}
+                  if DECODE_MODES[decode] else None)
+    if len({json.dumps(r.tokens) for r in (first, *timed)}) != 1:
+        record["greedy_unstable"] = True
+    _identity_fields(record, first, second, logits_out)
+    read = decode_bytes_per_token(record["model"], record["quant"], record["ple"] or "gpu", greedy_context + new_tokens)
+    try:
+        bandwidth = copy_bandwidth(device)
+        record.update(copy_bandwidth_bytes_per_s=round(bandwidth), bytes_read_per_token=read,
+                      bandwidth_limit_tokens_per_s=round(bandwidth / read, 1))
+    except torch.OutOfMemoryError:
+        record.update(bytes_read_per_token=read, copy_bandwidth_bytes_per_s=None)
+    if profile_trace is not None:
+        steps = min(profile_steps, new_tokens)
+
+        def profiled():
+            if decode in ("generate", "generate-static"):
+                decoding.plain_greedy(model, ids, steps, static_cache=decode == "generate-static")
+            else:
+                tuned.greedy(ids, steps)
+        record["profile"] = decoding.profile(profiled, profile_trace, steps, device).as_dict()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="hub id, folder or synthetic name (default $GEMMA_MODEL or tiny)")
@@ -302,6 +483,12 @@ def main(argv=None) -> int:
     parser.add_argument("--decode-runs", type=int, default=1, help="median decode speed over this many runs after a warm-up")
     parser.add_argument("--search-max-context", action="store_true", help="bisect the largest context that runs")
     parser.add_argument("--logits-out", type=Path, default=None, help="save the greedy run's logits (torch.save) here")
+    parser.add_argument("--path", choices=PATHS, default=None, help="long prompts: chunked prefill, plain or tuned")
+    parser.add_argument("--prefill-chunk", type=int, default=DEFAULT_CHUNK, help="prefill chunk of --path (tokens)")
+    parser.add_argument("--decode", choices=sorted(DECODE_MODES), default=None, help="time greedy decoding in this mode")
+    parser.add_argument("--greedy-context", type=int, default=32, help="prompt length of the greedy runs")
+    parser.add_argument("--profile-trace", type=Path, default=None, help="write a torch.profiler Chrome trace here")
+    parser.add_argument("--profile-steps", type=int, default=16, help="decode steps the profile covers")
     parser.add_argument("--json", type=Path, required=True, help="where to write the record")
     args = parser.parse_args(argv)
     for key, value in DETERMINISTIC_CUBLAS.items():
@@ -312,6 +499,8 @@ def main(argv=None) -> int:
     record = measure(
         args.model, args.quant, args.route, new_tokens=args.new_tokens, contexts=args.context, card_gb=args.card_gb,
         decode_runs=args.decode_runs, search_max_context=args.search_max_context, logits_out=args.logits_out,
+        path=args.path, prefill_chunk=args.prefill_chunk, decode=args.decode, greedy_context=args.greedy_context,
+        profile_trace=args.profile_trace, profile_steps=args.profile_steps,
     )
     record.update(environment(), command=" ".join(["python -m helpers.measure", *(argv or sys.argv[1:])]))
     args.json.parent.mkdir(parents=True, exist_ok=True)

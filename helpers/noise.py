@@ -17,6 +17,11 @@ ABSENT_DEVICE = ("accelerate.utils.modeling", r"Device \d+ is not available")
 # package when it is imported, and falls back to its own without it (CPU runs of the tiny model only)
 NO_KERNELS_PACKAGE = ("bitsandbytes.backends.cpu.ops", r"Failed to load CPU gemm_4bit_forward from kernels-community")
 
+# dispatch_model warns about offloaded weights whenever a map has a "cpu" entry, none offloaded or not (notebook 09)
+CPU_ENTRY_IN_MAP = ("accelerate.big_modeling", r"Some parameters are on the meta device")
+# torch._dynamo.explain of a step with accelerate's hooks recompiles each hooked module kind (notebook 09)
+HOOKED_RECOMPILES = ("torch._dynamo.convert_frame", r"hit config\.recompile_limit")
+
 
 class _Drop(logging.Filter):
     def __init__(self, pattern: str):

@@ -10,6 +10,12 @@ and a context length, before anything is loaded; and whether that fits a learner
                (python -m helpers.planner calibrate  ->  data/planner/activations.json)
   logits       generate() keeps the last position only (inside c0); a plain forward over the whole
                prompt keeps n x vocab of them, which predict(all_logits=True) adds
+  chunked      predict(prefill_chunk=N, path=...): a prefill in chunks of N tokens holds the activations of
+               one chunk (the measured profile at N) plus what grows with the whole context while a chunk
+               runs, derived from the shapes transformers uses (``chunked_prefill_terms``): on the plain
+               path a copy of one full-attention layer's keys and values per query head (``repeat_kv``),
+               the concatenated history of that layer (``DynamicLayer``'s ``torch.cat``) and the boolean
+               mask; on the tuned path (``helpers.long_context``) the mask alone. Not yet checked on a GPU.
 
     python -m helpers.planner predict google/gemma-4-E4B-it
 """
@@ -25,6 +31,7 @@ from pathlib import Path
 
 from .cards import CARDS, SYSTEM_RAM_ALLOWANCE_BYTES
 from .errors import CourseError, require_bool, require_choice, require_module_names, require_positive_number, require_whole_number
+from .long_context import DEFAULT_CHUNK
 from .models import load_config
 from .paths import PLANNER_DIR
 from .placement import PLACEMENTS
@@ -66,8 +73,14 @@ def architecture_key(config) -> str:
     return " ".join(f"{key}={values.get(key)}" for key in ARCHITECTURE_KEYS)
 
 
-def kv_cache_bytes(config, context: int, bytes_per_value: int = 2) -> int:
-    """Bytes of keys and values after a prefill of ``context`` tokens (bf16 cache)."""
+PATHS = ("plain", "tuned")  # a chunked prefill as generate runs it / with helpers.long_context.LongContext()
+
+
+def kv_cache_bytes(config, context: int, bytes_per_value: int = 2, cache: str = "dynamic") -> int:
+    """Bytes of keys and values after a prefill of ``context`` tokens (bf16 cache). Only the layers that own
+    a cache count. ``cache="dynamic"`` (what ``generate`` builds): sliding layers counted at the window, one
+    token more than ``DynamicSlidingWindowLayer`` keeps (an upper bound); ``cache="static"``
+    (``StaticCache(max_cache_len=context)``): sliding layers hold exactly the window, full layers ``context``."""
     values = config_values(config)
     layer_types = list(values["layer_types"])
     owners = len(layer_types) - (values.get("num_kv_shared_layers") or 0)
@@ -76,6 +89,25 @@ def kv_cache_bytes(config, context: int, bytes_per_value: int = 2) -> int:
         tokens = context if kind == "full_attention" else min(context, values["sliding_window"])
         total += 2 * heads * width * tokens * bytes_per_value
     return total
+
+
+def chunked_prefill_terms(config, context: int, chunk: int, path: str = "plain", bytes_per_value: int = 2) -> dict:
+    """What grows with the whole context while one chunk of a chunked prefill runs, beside the cache itself
+    (term -> bytes), from the shapes transformers hands to attention (``long_context.attention_calls``):
+    the largest full-attention layer's keys and values copied per query head by ``repeat_kv`` and its history
+    concatenated anew by ``DynamicLayer.update`` (plain path only), and the boolean chunk x context mask."""
+    require_choice(path, PATHS, "path")
+    values = config_values(config)
+    full = [(heads, width) for kind, (heads, width) in zip(values["layer_types"], _kv_heads_and_widths(config))
+            if kind == "full_attention"]
+    heads, width = max(full, key=lambda hw: hw[0] * hw[1]) if full else (0, 0)
+    terms = {"attention mask (chunk x context, bool)": min(chunk, context) * context}
+    if path == "plain":
+        query_heads = values["num_attention_heads"]
+        terms["keys and values copied per query head (repeat_kv)"] = (
+            2 * query_heads * width * context * bytes_per_value if query_heads > heads else 0)
+        terms["history concatenated anew (DynamicLayer torch.cat)"] = 2 * heads * width * context * bytes_per_value
+    return terms
 
 
 def _kv_heads_and_widths(config) -> list:
@@ -149,9 +181,12 @@ class MemoryEstimate:
     terms: dict  # term -> bytes on the GPU at the peak
     weights_by_part: dict
     activations_from: str
+    prefill_chunk: int | None = None  # None: the prefill is one forward
+    path: str = "plain"
 
     def __str__(self) -> str:
-        lines = [f"{self.model}, {self.quant}, PLE on {self.ple}, {self.context:,}-token prefill:",
+        how = "" if self.prefill_chunk is None else f" in chunks of {self.prefill_chunk:,} ({self.path} path)"
+        lines = [f"{self.model}, {self.quant}, PLE on {self.ple}, {self.context:,}-token prefill{how}:",
                  f"  resident {self.resident_bytes / 1e9:6.2f} GB   peak {self.peak_bytes / 1e9:6.2f} GB   "
                  f"(PLE table on CPU: {self.cpu_bytes / 1e9:.2f} GB)"]
         lines += [f"    {term:<34} {size / 1e9:6.2f} GB" for term, size in self.terms.items()]
@@ -163,14 +198,22 @@ class MemoryEstimate:
 
 
 def predict(config, quant: str = "nf4", ple: str = "cpu", context: int = 8500, keep_bf16=(), *,
-            double_quant: bool = False, all_logits: bool = False, calibration: dict | None = None) -> MemoryEstimate:
+            double_quant: bool = False, all_logits: bool = False, calibration: dict | None = None,
+            prefill_chunk: int | None = None, path: str = "plain") -> MemoryEstimate:
     """Predict resident and peak GPU memory without loading weights.
 
     ``config``: a config object, a synthetic name ("e4b-shape"), a folder or a hub id.
     ``keep_bf16``: module names bitsandbytes should leave unquantized (as ``llm_int8_skip_modules``).
     ``all_logits``: the prefill is a plain forward that keeps logits for every position
-    (``generate`` keeps only the last one)."""
+    (``generate`` keeps only the last one).
+    ``prefill_chunk``: the prefill runs in chunks of this many tokens (``generate(prefill_chunk_size=...)``);
+    ``path``: ``"plain"`` (generate's own cache and attention) or ``"tuned"`` (``long_context.LongContext``)."""
     require_choice(quant, QUANTS, "quant")
+    require_choice(path, PATHS, "path")
+    if path == "tuned" and prefill_chunk is None:
+        prefill_chunk = DEFAULT_CHUNK
+    if prefill_chunk is not None:
+        prefill_chunk = require_whole_number(prefill_chunk, "prefill_chunk", unit="tokens")
     require_choice(ple, PLACEMENTS, "ple")
     keep_bf16 = require_module_names(keep_bf16)
     require_bool(double_quant, "double_quant")
@@ -185,14 +228,19 @@ def predict(config, quant: str = "nf4", ple: str = "cpu", context: int = 8500, k
     profile = activation_profile(config, quant, calibration)
     by_part = weights.by_course_part()
     terms = {f"weights: {part}": size for part, size in sorted(by_part.items(), key=lambda kv: -kv[1])}
-    terms["KV cache"] = kv_cache_bytes(config, context)
-    terms["activations (measured profile)"] = int(profile.bytes(context))
+    terms["KV cache"] = kv_cache_bytes(config, context, cache="static" if path == "tuned" else "dynamic")
+    if prefill_chunk is None:
+        terms["activations (measured profile)"] = int(profile.bytes(context))
+    else:
+        terms["activations of one chunk (measured profile)"] = int(profile.bytes(min(prefill_chunk, context)))
+        terms.update(chunked_prefill_terms(config, context, prefill_chunk, path))
     if all_logits:
         terms["logits for every position"] = logits_bytes(config, context)
     name = label or getattr(config, "_name_or_path", "") or getattr(text_config_of(config), "model_type", "model")
     return MemoryEstimate(model=str(name), quant=quant, ple=ple, context=context, resident_bytes=weights.gpu_bytes,
                           peak_bytes=int(sum(terms.values())), cpu_bytes=weights.cpu_bytes, terms=terms,
-                          weights_by_part=by_part, activations_from=profile.measured_on)
+                          weights_by_part=by_part, activations_from=profile.measured_on, prefill_chunk=prefill_chunk,
+                          path=path)
 
 
 def require_context(config, context) -> int:
@@ -239,7 +287,7 @@ class CardVerdict:
 
 
 def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: int = 8500, keep_bf16=(), *,
-         calibration: dict | None = None) -> CardVerdict:
+         calibration: dict | None = None, prefill_chunk: int | None = None, path: str = "plain") -> CardVerdict:
     """Does the model load on a card of ``card_gb`` GB (what the allocator may use), does a
     ``context``-token prefill fit, and what is the largest context that does?
 
@@ -247,10 +295,13 @@ def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: 
     the transient memory, measured on the simulated cards. ``max_context`` uses the median of those
     fractions (``allocator_reserve``), ``safe_context`` and ``fits`` the largest
     (``allocator_reserve_worst``): under a cap the reachable context is step-like, and a promise
-    a card cannot keep costs an out-of-memory error, not a few tokens."""
+    a card cannot keep costs an out-of-memory error, not a few tokens. ``prefill_chunk`` and ``path``: as
+    in ``predict`` (a chunked prefill, plain or tuned)."""
     require_positive_number(card_gb, "card_gb")
     calibration = calibration or load_calibration()
-    estimate = predict(config, quant, ple, context, keep_bf16, calibration=calibration)  # a name keeps its cache
+    estimate = predict(config, quant, ple, context, keep_bf16, calibration=calibration,  # a name keeps its cache
+                       prefill_chunk=prefill_chunk, path=path)
+    prefill_chunk = estimate_chunk(estimate)
     config = load_config(config)
     card = card_gb * 1e9
     loads = estimate.resident_bytes + GPU_HEADROOM_BYTES <= card
@@ -258,8 +309,14 @@ def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: 
         return CardVerdict(card_gb, False, False, None, estimate)
     profile = activation_profile(config, quant, calibration)
 
+    def transient(n: int) -> float:
+        if prefill_chunk is None:
+            return profile.bytes(n) + kv_cache_bytes(config, n)
+        return (profile.bytes(min(prefill_chunk, n)) + kv_cache_bytes(config, n, cache="static" if path == "tuned" else "dynamic")
+                + sum(chunked_prefill_terms(config, n, prefill_chunk, path).values()))
+
     def fits_in_card(n: int, reserve: float) -> bool:
-        return estimate.resident_bytes + (1 + reserve) * (profile.bytes(n) + kv_cache_bytes(config, n)) <= card
+        return estimate.resident_bytes + (1 + reserve) * transient(n) <= card
 
     def largest(reserve: float):
         return largest_true(1, text_config_of(config).max_position_embeddings,
@@ -268,6 +325,21 @@ def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: 
     worst = calibration.get("allocator_reserve_worst", calibration["allocator_reserve"])
     return CardVerdict(card_gb, True, fits_in_card(context, worst), largest(calibration["allocator_reserve"]), estimate,
                        safe_context=largest(worst))
+
+
+def estimate_chunk(estimate: MemoryEstimate) -> int | None:
+    """The prefill chunk an estimate was made for (None: one forward)."""
+    return estimate.prefill_chunk
+
+
+def decode_bytes_per_token(config, quant: str = "nf4", ple: str = "cpu", context: int = 32) -> int:
+    """What one decode step must read from GPU memory at least: every GPU weight the text model uses (the
+    towers idle; a PLE table on the GPU gives one row) and the keys and values of ``context`` positions.
+    A card's memory bandwidth divided by this is the fastest decode it can reach at batch 1."""
+    estimate = predict(config, quant, ple, 1)
+    idle = ("vision tower", "audio tower", "PLE table")
+    weights = sum(size for part, size in estimate.weights_by_part.items() if part not in idle)
+    return int(weights + kv_cache_bytes(load_config(config), context))
 
 
 def predicted_peak(model: str, quant: str, ple: str, context: int) -> int:
@@ -305,8 +377,8 @@ def agreement(records: list, calibration: dict | None = None) -> list:
     rows = []
     for record in records:
         c = record["configuration"]
-        if c.get("route") or record.get("resident_bytes") is None:
-            continue
+        if c.get("route") or c.get("path") or c.get("decode") or record.get("resident_bytes") is None:
+            continue  # other routes, chunked prefills and decoding modes are not what predict() describes
         name = f"{c['model']} {c['quant']} PLE on {c['ple']}"
         for point in [p for p in record.get("prefill", []) if "peak_bytes" in p]:
             estimate = predict(c["model"], c["quant"], c["ple"], point["context"], calibration=calibration)

@@ -22,7 +22,7 @@ def latest_records(directory: Path = MEASUREMENTS_DIR, preset: str | None = None
             if preset and record.get("preset") != preset:
                 continue
             c = record["configuration"]
-            key = (record.get("preset"), c["model"], c["quant"], c["ple"], c.get("route", ""), c["card_gb"])
+            key = (record.get("preset"), c["model"], c["quant"], c["ple"], c.get("route", ""), c["card_gb"], c.get("name", ""))
             if key not in newest or record["recorded_at"] >= newest[key]["recorded_at"]:
                 newest[key] = record
     return list(newest.values())
@@ -49,6 +49,13 @@ def speed_record(model: str = "e4b-shape", route: str = "ple-cpu", quant: str = 
         if c["model"] == model and c["quant"] == quant and (c.get("route") or f"ple-{c['ple']}") == route:
             return record
     raise FileNotFoundError(f"No speed record for {model} {quant} {route} in {directory}: run `python -m helpers.bench speed` on a GPU.")
+
+
+def preset_records(preset: str, model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
+    """The newest record of each named configuration of a preset for one model (name -> record); {} when the
+    preset has not been run (``make bench PRESET=<preset>`` on a GPU)."""
+    return {r["configuration"].get("name") or r["configuration"]["ple"]: r for r in latest_records(directory, preset=preset)
+            if r["configuration"]["model"] == model}
 
 
 def gpu_tier(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU_TIER_DIR) -> dict:

@@ -5,8 +5,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from helpers import bench, cards, records
+from helpers.errors import CourseError
 from helpers.planner import largest_true
 
 
@@ -18,7 +20,7 @@ def test_bisection_finds_the_largest_context_that_fits_to_the_resolution():
 
 def test_every_preset_runs_each_configuration_with_both_placements():
     for name, configurations in bench.presets().items():
-        configurations = [c for c in configurations if not c.route]  # extra routes are measured alone
+        configurations = [c for c in configurations if not c.route and not c.name]  # extra routes and named ones alone
         keys = {(c.model, c.quant, c.card_gb, c.contexts) for c in configurations}
         for key in keys:
             assert {c.ple for c in configurations if (c.model, c.quant, c.card_gb, c.contexts) == key} == {"gpu", "cpu"}, name
@@ -123,3 +125,161 @@ def test_every_record_has_the_issue_keys_even_when_loading_runs_out_of_memory(tm
         if record["ple"] == "gpu":
             assert record["resident_bytes"] is None and record["prefill"] == [] and record["max_context"] is None
     assert all(c.ratios["resident"] is None for c in comparisons)
+
+
+# --------------------------------------------------------------------------- issue 15's presets
+
+ISSUE_15 = ("long-context", "long-context-8gb", "long-context-cards", "decode-speed", "decode-speed-inductor",
+            "decode-speed-more", "decode-speed-e2b")
+
+
+def test_every_issue_15_preset_is_estimated_to_finish_within_ten_minutes_on_the_gpu_the_speeds_were_recorded_on():
+    for name in ISSUE_15:
+        total = sum(bench.estimate_seconds(config) for config in bench.presets()[name])
+        assert 60 < total < 600, (name, total)
+
+
+def test_the_estimate_grows_faster_than_the_context_since_attention_reads_every_earlier_token():
+    def prefill_seconds(contexts):
+        config = bench.Configuration("e4b-shape", "nf4", "cpu", name="a", path="tuned", contexts=contexts, new_tokens=0)
+        return bench.estimate_seconds(config) - bench.estimate_seconds(bench.Configuration("e4b-shape", "nf4", "cpu", new_tokens=0))
+
+    assert prefill_seconds((131072,)) > 16 * prefill_seconds((8192,)) > 0
+
+
+def test_named_configurations_are_unique_and_compare_with_an_earlier_configuration_of_their_preset():
+    for name in ISSUE_15:
+        configurations = bench.presets()[name]
+        names = [c.name for c in configurations]
+        assert all(names) and len(set(names)) == len(names), name
+        for index, config in enumerate(configurations):
+            if config.reference:
+                assert config.reference in names[:index] and config.keep_logits, (name, config.name)
+                assert bench.presets()[name][names.index(config.reference)].keep_logits
+            assert not config.control or config.reference  # a control is a control of something
+
+
+def test_the_decode_presets_time_plain_generate_and_the_tuned_decode_over_256_tokens_with_a_control():
+    speed = {c.name: c for c in bench.presets()["decode-speed"]}
+    assert {"generate", "generate-static", "cudagraphs"} <= set(speed)
+    assert all(c.new_tokens >= 256 and c.decode for c in speed.values())
+    controls = [c for c in speed.values() if c.control]
+    assert controls and all(c.route == "ple-cpu-nudged" for c in controls)
+    assert speed["cudagraphs"].reference == "generate-static"
+
+
+def test_the_long_context_preset_decodes_32_tokens_after_131072_on_an_8_gb_card_against_the_same_code_uncapped():
+    configurations = {c.name: c for c in bench.presets()["long-context"]}
+    capped = configurations["tuned-128k-8gb"]
+    assert (capped.card_gb, capped.greedy_context, capped.new_tokens, capped.path) == (8, 131072, 32, "tuned")
+    uncapped = configurations[capped.reference]
+    assert uncapped.card_gb is None and (uncapped.greedy_context, uncapped.path) == (131072, "tuned")
+    assert configurations["plain"].contexts == configurations["tuned"].contexts == bench.LONG_CONTEXTS
+
+
+@pytest.mark.parametrize("preset", ISSUE_15)
+def test_dry_run_lists_the_long_context_and_decoding_options(preset):
+    done = subprocess.run([sys.executable, "-m", "helpers.bench", preset, "--dry-run"], capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and len(lines) == len(bench.presets()[preset])
+    for line, config in zip(lines, bench.presets()[preset]):
+        assert line.startswith(f"PYTORCH_ALLOC_CONF={config.allocator} " if config.allocator else "-m helpers.measure")
+        assert ("--path " + config.path in line) == bool(config.path)
+        assert ("--decode " + config.decode in line) == bool(config.decode)
+        assert ("--logits-out" in line) == config.keep_logits and ("--profile-trace" in line) == config.profile
+
+
+def logits_runner(directory, differ=(), crash=()):
+    """A fake measure: logits files as measure writes them; ``differ`` changes one entry at step 3."""
+    def run(config):
+        if config.name in crash:
+            return {"crashed": "exit 1: boom"}
+        logits = torch.arange(8 * 5, dtype=torch.float32).reshape(8, 5)
+        if config.name in differ:
+            logits[3, 2] += 1e-3
+        path = directory / f"{config.name}.pt"
+        torch.save(logits, path)
+        return {"logits_file": str(path), "self_consistent_steps": 6, "greedy_distinct_tokens": 7,
+                "decode_tokens_per_s": 10.0 if config.decode.startswith("generate") else 40.0,
+                "bandwidth_limit_tokens_per_s": 900.0, "prefill": []}
+    return run
+
+
+def test_the_tuned_decode_is_compared_with_its_reference_over_the_self_consistent_steps_only(tmp_path):
+    records, _ = bench.run_preset("decode-speed", runner=logits_runner(tmp_path, differ={"loop-nudged"}),
+                                  directory=tmp_path / "records")
+    named = {r["configuration"]["name"]: r for r in records}
+    assert named["cudagraphs"]["identity"] == {"reference": "generate-static", "control": False, "compared": True,
+                                              "steps": 6, "identical": True, "first_difference": None,
+                                              "max_abs_diff": 0.0, "distinct_tokens": 7}
+    assert named["loop-nudged"]["identity"]["told_apart"] is True
+    assert bench.identity_failures(records) == []
+    assert any("4.00x plain generate" in line for line in bench.summary_lines(records))
+    lines = (tmp_path / "records" / "e4b-shape.jsonl").read_text().splitlines()
+    assert all("logits_file" not in json.loads(line) for line in lines)  # scratch paths are not recorded
+
+
+def test_a_tuned_decode_that_differs_and_a_control_that_does_not_are_both_reported_as_failures(tmp_path):
+    records, _ = bench.run_preset("decode-speed", runner=logits_runner(tmp_path, differ={"cudagraphs"}),
+                                  directory=tmp_path / "records")
+    failures = bench.identity_failures(records)
+    assert any(f.startswith("cudagraphs differs from generate-static at step 3") for f in failures)
+    assert any(f.startswith("control loop-nudged gave the same logits") for f in failures)
+
+
+def test_a_difference_after_the_self_consistent_steps_is_not_a_failure(tmp_path):
+    def runner(config):
+        record = logits_runner(tmp_path)(config)
+        record["self_consistent_steps"] = 3  # the difference at step 3 lies past what either agrees on
+        return record
+
+    records, _ = bench.run_preset("decode-speed", runner=logits_runner(tmp_path, differ={"cudagraphs", "loop-nudged"}),
+                                  directory=tmp_path / "a")
+    assert bench.identity_failures(records) == [next(f for f in bench.identity_failures(records) if "cudagraphs" in f)]
+    records, _ = bench.run_preset("decode-speed", runner=runner, directory=tmp_path / "b")
+    named = {r["configuration"]["name"]: r for r in records}
+    assert named["cudagraphs"]["identity"]["steps"] == 3 and named["cudagraphs"]["identity"]["identical"]
+
+
+def test_nothing_is_called_identical_when_the_reference_crashed(tmp_path):
+    records, _ = bench.run_preset("decode-speed", runner=logits_runner(tmp_path, crash={"generate-static"}),
+                                  directory=tmp_path / "records")
+    named = {r["configuration"]["name"]: r for r in records}
+    assert named["cudagraphs"]["identity"]["compared"] is False and "no logits" in named["cudagraphs"]["identity"]["why_not"]
+    assert bench.identity_failures(records) == []
+
+
+def test_presets_that_time_or_compare_refuse_to_run_side_by_side(tmp_path):
+    with pytest.raises(CourseError, match="--jobs 1"):
+        bench.run_preset("decode-speed", runner=logits_runner(tmp_path), directory=tmp_path, jobs=2)
+    records, _ = bench.run_preset("long-context-cards", runner=logits_runner(tmp_path), directory=tmp_path, jobs=2)
+    assert len(records) == len(bench.presets()["long-context-cards"])
+
+
+def test_named_records_of_one_placement_are_kept_apart_and_an_unrun_preset_reads_as_empty(tmp_path):
+    bench.run_preset("long-context", runner=logits_runner(tmp_path), directory=tmp_path)
+    kept = records.preset_records("long-context", directory=tmp_path)
+    assert set(kept) == {c.name for c in bench.presets()["long-context"]}
+    assert records.preset_records("decode-speed", directory=tmp_path) == {}
+
+
+def test_the_allocator_setting_reaches_the_measuring_process_and_only_that_one(monkeypatch):
+    seen = []
+
+    def fake_run(command, **kwargs):
+        seen.append((kwargs.get("env") or {}).get("PYTORCH_ALLOC_CONF"))
+        raise subprocess.TimeoutExpired(command, 1)
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    for config in bench.presets()["long-context-8gb"]:
+        bench.run_in_fresh_process(config)
+    assert seen == [c.allocator or None for c in bench.presets()["long-context-8gb"]]
+    assert "expandable_segments:True" in seen
+
+
+def test_a_capped_run_that_reserved_more_than_its_card_is_called_out():
+    record = {"configuration": {"name": "tuned-8gb", "card_gb": 8},
+              "prefill": [{"context": 131072, "peak_bytes": 7e9, "peak_reserved_bytes": 9e9}]}
+    assert "NOT enforced" in bench.summary_lines([record])[0]
+    record["prefill"][0]["peak_reserved_bytes"] = 7.5e9
+    assert "NOT enforced" not in bench.summary_lines([record])[0]

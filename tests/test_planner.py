@@ -10,7 +10,8 @@ from helpers.errors import InvalidChoiceError
 
 RECORDS = records.latest_records()
 CALIBRATION = planner.load_calibration()
-LOADED = [r for r in RECORDS if r.get("resident_bytes") is not None and not r["configuration"].get("route")]
+LOADED = [r for r in RECORDS if r.get("resident_bytes") is not None and not r["configuration"].get("route")
+          and not r["configuration"].get("name")]  # named (issue 15) configurations: chunked prefills, decoding modes
 PREFILLS = [(r, p) for r in LOADED for p in r.get("prefill", []) if "peak_bytes" in p]
 CARDS = [r for r in RECORDS if r.get("preset") == "cards" and r.get("max_context")]
 
@@ -179,3 +180,49 @@ def test_predicting_each_point_from_a_fit_without_it_stays_within_15_percent():
     for kind, (in_sample, out_of_sample) in held_out.items():
         assert out_of_sample >= in_sample - 1e-9, kind  # leaving a point out cannot make the fit better on it
         assert out_of_sample < 0.15, (kind, out_of_sample)
+
+
+# --------------------------------------------------------------------------- chunked prefill, plain and tuned
+
+def test_the_tuned_chunked_prefill_is_predicted_to_save_exactly_the_repeated_and_concatenated_keys():
+    for context in (8192, 131072):
+        plain = planner.predict("e4b-shape", "nf4", "cpu", context, prefill_chunk=2048, path="plain", calibration=CALIBRATION)
+        tuned = planner.predict("e4b-shape", "nf4", "cpu", context, prefill_chunk=2048, path="tuned", calibration=CALIBRATION)
+        saved = (plain.terms["keys and values copied per query head (repeat_kv)"]
+                 + plain.terms["history concatenated anew (DynamicLayer torch.cat)"])
+        cache_difference = plain.terms["KV cache"] - tuned.terms["KV cache"]  # the window vs one token less, per layer
+        assert plain.peak_bytes - tuned.peak_bytes == saved + cache_difference
+        assert saved > 0
+
+
+def test_a_chunked_prefill_holds_one_chunks_activations_whatever_the_context():
+    short, long = (planner.predict("e4b-shape", "nf4", "cpu", n, prefill_chunk=2048, path="tuned", calibration=CALIBRATION)
+                   for n in (8192, 131072))
+    assert short.terms["activations of one chunk (measured profile)"] == long.terms["activations of one chunk (measured profile)"]
+    one_shot = planner.predict("e4b-shape", "nf4", "cpu", 32768, calibration=CALIBRATION)
+    chunked = planner.predict("e4b-shape", "nf4", "cpu", 32768, prefill_chunk=2048, calibration=CALIBRATION)
+    assert chunked.peak_bytes < one_shot.peak_bytes  # chunks are the point of prefill_chunk_size
+
+
+def test_the_planner_expects_the_tuned_path_to_reach_at_least_as_far_as_the_plain_one_on_every_card():
+    for card in (8, 15, 16):
+        plain = planner.fits("e4b-shape", card, "nf4", "cpu", 131072, prefill_chunk=2048, path="plain", calibration=CALIBRATION)
+        tuned = planner.fits("e4b-shape", card, "nf4", "cpu", 131072, prefill_chunk=2048, path="tuned", calibration=CALIBRATION)
+        assert tuned.max_context >= plain.max_context
+    assert not planner.fits("e4b-shape", 8, "nf4", "cpu", 131072, prefill_chunk=2048, path="plain", calibration=CALIBRATION).fits
+
+
+def test_a_decode_step_reads_every_weight_the_text_model_uses_and_no_tower():
+    on_cpu = planner.decode_bytes_per_token("e4b-shape", "nf4", "cpu", 32)
+    resident = planner.predict("e4b-shape", "nf4", "gpu", 512, calibration=CALIBRATION)
+    towers = sum(size for part, size in resident.weights_by_part.items() if "tower" in part)
+    assert towers > 0 and on_cpu == planner.decode_bytes_per_token("e4b-shape", "nf4", "gpu", 32)  # the PLE gives one row
+    assert on_cpu < resident.resident_bytes - towers  # the PLE table is not read whole
+    assert planner.decode_bytes_per_token("e4b-shape", "nf4", "cpu", 32768) > on_cpu  # and the keys of every position
+
+
+@pytest.mark.parametrize("kwargs, message", [({"path": "fast"}, "choose one of"), ({"prefill_chunk": 0}, "whole number"),
+                                             ({"prefill_chunk": 2048.5}, "whole number")])
+def test_bad_chunked_prefill_settings_are_refused_in_one_sentence(kwargs, message):
+    with pytest.raises(InvalidChoiceError, match=message):
+        planner.predict("tiny", "nf4", "cpu", 512, **kwargs)

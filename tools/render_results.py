@@ -255,6 +255,59 @@ def render_benchmark() -> str:
     return "\n".join(lines).rstrip()
 
 
+def render_issue15() -> str:
+    """Long prompts and decoding speed: the planner's prediction (derived, not measured) and whatever the issue-15
+    presets have recorded; what is not measured yet says so, with the command that measures it."""
+    from helpers import bench, planner, records
+
+    lines = ["**Long prompts** (E4B-shaped, NF4, PLE on the CPU, prefill in chunks of "
+             f"{bench.DEFAULT_CHUNK:,} tokens). Plain: `generate(prefill_chunk_size=...)` as it comes; tuned: "
+             "`helpers.long_context.LongContext()` (a `StaticCache`, attention without `repeat_kv`). Peak GB:", "",
+             "| context | planner, plain | planner, tuned | measured, plain | measured, tuned |", "|---|---|---|---|---|"]
+    recorded = records.preset_records("long-context")
+    measured = {name: {p["context"]: p for p in recorded.get(name, {}).get("prefill", [])} for name in ("plain", "tuned")}
+    for context in bench.LONG_CONTEXTS:
+        predicted = [planner.predict("e4b-shape", "nf4", "cpu", context, prefill_chunk=bench.DEFAULT_CHUNK, path=path)
+                     for path in ("plain", "tuned")]
+        cells = [_peak_at({"prefill": [measured[name][context]]}, context) if context in measured[name] else "not measured"
+                 for name in ("plain", "tuned")]
+        lines.append(f"| {context:,} | {gb(predicted[0].peak_bytes)} | {gb(predicted[1].peak_bytes)} | {cells[0]} | {cells[1]} |")
+    capped = recorded.get("tuned-128k-8gb")
+    if capped is None:
+        lines += ["", "Not yet measured on a GPU: `make bench PRESET=long-context` (and `long-context-8gb`, "
+                  "`long-context-cards`). The planner's columns come from `planner.predict(..., prefill_chunk=..., path=...)`; "
+                  "its chunked terms are derived from the shapes transformers hands to attention and await these records."]
+    else:
+        check = capped.get("identity", {})
+        verdict = (("logits identical to the same code uncapped" if check.get("identical") else
+                    f"logits differ from the uncapped run at step {check.get('first_difference')}")
+                   + f" over {check.get('steps')} self-consistent steps") if check.get("compared") else "logits not compared"
+        outcome = "ran out of memory" if capped.get("greedy_oom") else f"{capped.get('greedy_token_count')} tokens decoded"
+        lines += ["", f"131,072 tokens and 32 more on a simulated 8 GB card, tuned: {outcome}; {verdict}. "
+                  f"Recorded by `{capped['command']}`."]
+    speed = records.preset_records("decode-speed")
+    lines += ["", "**Decoding speed** (E4B-shaped, NF4, PLE on the CPU, batch 1, 256 tokens after a 32-token prompt):", ""]
+    if not speed:
+        lines.append("Not yet measured on a GPU: `make bench PRESET=decode-speed` (and `decode-speed-inductor`, "
+                     "`decode-speed-more`, `decode-speed-e2b`).")
+        return "\n".join(lines)
+    plain = speed.get("generate", {}).get("decode_tokens_per_s")
+    lines += ["| mode | tokens/s | x plain generate | bandwidth limit, tokens/s | logits vs generate with a static cache |",
+              "|---|---|---|---|---|"]
+    for name, record in speed.items():
+        rate = record.get("decode_tokens_per_s")
+        check = record.get("identity", {})
+        verdict = "-" if not check else (("told apart (control)" if check.get("told_apart") else "NOT told apart (control)")
+                                         if check.get("control") else ("identical" if check.get("identical") else
+                                         f"differ from step {check.get('first_difference')}")
+                                         + f" over {check.get('steps')} steps") if check.get("compared") else "not compared"
+        ratio = f"{rate / plain:.2f}" if rate and plain else "-"
+        lines.append(f"| {name} | {rate or record.get('crashed') or record.get('load_error') or '-'} | {ratio} | "
+                     f"{record.get('bandwidth_limit_tokens_per_s', '-')} | {verdict} |")
+    lines += ["", f"Recorded by `{next(iter(speed.values()))['command']}`."]
+    return "\n".join(lines)
+
+
 def render_gpu_run(run: dict) -> str:
     verdict = "within" if run["within_limit"] else "over"
     return (f"**`{run['command']}`**, one run: GPU tier {run['gpu_tier']}, notebooks {run['notebooks']}, "
@@ -263,7 +316,7 @@ def render_gpu_run(run: dict) -> str:
 
 
 def render() -> str:
-    blocks = [render_benchmark()]
+    blocks = [render_benchmark(), render_issue15()]
     for path in sorted(GPU_TIER_DIR.glob("*.json")):
         if path.stem.startswith("notebooks-"):
             blocks.append(render_notebooks(json.loads(path.read_text())))

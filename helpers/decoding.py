@@ -1,0 +1,428 @@
+"""Decoding faster with what transformers and PyTorch provide, and a profile that shows why plain decoding is slow.
+
+Plain ``generate`` at batch 1 launches several hundred small kernels per token from Python; the GPU
+waits for the CPU. The tuned decode (``Decoder``) removes that wait in four steps, each checked here:
+
+  hooks        accelerate wraps every module's forward in an ``AlignDevicesHook`` whose ``pre_forward`` /
+               ``post_forward`` are ``torch.compiler.disable``d (accelerate 1.15 ``hooks.py``): each is a graph
+               break. Once placement is fixed (everything on one GPU but the PLE table, which the course's
+               lookup serves), ``accelerate.hooks.remove_hook_from_module(model, recurse=True)`` takes them off.
+  static cache ``StaticCache``: tensors preallocated at fixed addresses and written in place, so a captured
+               graph can be replayed (a ``DynamicCache`` grows by ``torch.cat`` every token).
+  compile      ``torch.compile`` of the model's forward for one decode step: ``backend="cudagraphs"`` replays
+               the eager kernels as one CUDA graph; ``mode="reduce-overhead"`` also fuses them (Inductor), which
+               changes rounding. transformers' ``generate`` refuses to compile this model itself: its
+               ``_valid_auto_compile_criteria`` needs ``hf_quantizer.is_compileable`` (bitsandbytes' quantizers
+               keep the base class's ``False`` in 5.5.2, 5.17.0 and 5.24.0) and no ``"cpu"`` in ``hf_device_map``.
+  counters     a ``StaticSlidingWindowLayer`` counts its tokens in a Python int (``cumulative_length_int``) and
+               branches on it in ``update``: Dynamo makes it a symbolic int input after the first step, and
+               CUDA graph trees record a new graph for every new value of an int input
+               (``torch/_inductor/cudagraph_trees.py``, ``cudagraphify_impl``), i.e. at every token. Around the
+               compiled step the counter is pinned to the one value that picks the same branch (0 while the
+               window fills, the window once full) and restored after (``pinned_sliding_counters``).
+  PLE lookup   kept out of the captured graph: the step's PLE rows are gathered on the CPU (the course's lookup:
+               the token id comes to the host, its rows go to the GPU, pinned and non-blocking) and passed in as
+               ``per_layer_inputs``; inside a graph the device-to-host copy of the id would stop CUDA graphs.
+               The attention masks are built outside too, as ``generate`` does for a static cache.
+
+The masks and the PLE rows cost one host round trip per token; ``PLE_OPTIONS`` lists the ways to avoid even that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch._dynamo
+
+from . import placement
+from .errors import CourseError, require_bool, require_choice, require_whole_number
+from .long_context import cache_argument, new_cache
+from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
+from .weights import meta_model
+
+COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead")
+# eager: Dynamo traces the step (graph breaks show) but runs the same kernels, for the CPU;
+# cudagraphs: one CUDA graph of the eager kernels; reduce-overhead: Inductor's fused kernels in CUDA graphs
+
+PLE_OPTIONS = {
+    "host lookup per token (this module)":
+        "argmax on the GPU, the id to the host (one device-to-host sync per token), the rows gathered on the CPU into "
+        "pinned memory and copied without blocking into the input the graph reads: `rows = table.index_select(0, "
+        "ids_cpu); gpu_rows.copy_(rows.pin_memory(), non_blocking=True)`",
+    "zero-copy gather from pinned host memory":
+        "the whole table pinned once (cudaHostRegister) is addressable by GPU kernels across the bus, so a gather "
+        "kernel could read one token's rows without the id leaving the GPU; PyTorch has no public operator for it "
+        "(a custom Triton or CUDA kernel), and the whole table must stay locked in host memory",
+    "prefetch the next rows":
+        "overlap the host lookup of step t+1 with work of step t that does not need its rows: every layer needs "
+        "them, so only the copy can overlap, not the sync",
+    "keep the table on the GPU":
+        "no host trip at all, at the table's full size in GPU memory (notebook 04 sizes it): what an 8 GB card "
+        "cannot afford with E4B",
+}
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """Settings of the tuned greedy decode. ``Decoder()`` is the fastest (Inductor in CUDA graphs);
+    ``Decoder(compile="cudagraphs")`` replays the eager kernels; ``Decoder(compile=None)`` runs the same
+    loop eagerly; ``Decoder(compile="eager")`` traces it with Dynamo on any device (the CPU tests)."""
+
+    compile: str | None = "reduce-overhead"
+    remove_hooks: bool = True
+    ple_outside: bool = True  # the PLE rows computed outside the compiled step
+    fullgraph: bool = True  # a graph break is an error, not a silent slowdown
+    chunk: int | None = None  # prefill chunk (None: one forward)
+
+    def __post_init__(self):
+        if self.compile not in COMPILE_MODES:
+            require_choice(self.compile, [m for m in COMPILE_MODES if m], "compile")
+        for name in ("remove_hooks", "ple_outside", "fullgraph"):
+            require_bool(getattr(self, name), name)
+        if self.chunk is not None:
+            require_whole_number(self.chunk, "chunk", unit="tokens")
+
+    def label(self) -> str:
+        return f"compile={self.compile or 'none'}, hooks {'removed' if self.remove_hooks else 'kept'}, " \
+               f"PLE {'outside' if self.ple_outside else 'inside'} the step"
+
+
+# --------------------------------------------------------------------------- accelerate's hooks
+
+def hooked_modules(model) -> list:
+    """Names of the modules accelerate has wrapped (``_hf_hook``)."""
+    return [name for name, module in model.named_modules() if hasattr(module, "_hf_hook")]
+
+
+def attach_placement_hooks(model):
+    """Attach the hooks ``from_pretrained`` attaches on a GPU with the course's per-module map (accelerate's
+    ``dispatch_model`` with the model's ``_skip_keys_device_placement``, as transformers'
+    ``accelerate_dispatch`` calls it), here on whatever device the model is on: on a CPU-only machine
+    transformers attaches none, so this shows the GPU's structure on the tiny model."""
+    from accelerate import dispatch_model
+
+    if getattr(model, "hf_quantizer", None) is not None:
+        raise CourseError("Hooks attached after loading would make accelerate move bitsandbytes' packed weights again "
+                          "(and quantize them twice): load with quant='bf16' to see the hooks on the CPU.")
+    device = placement.compute_device_of(model)
+    device_map = placement.ple_device_map(meta_model(model.config), device.index if device.type == "cuda" else "cpu")
+    table = model.get_submodule(placement.require_ple(model)[0])
+    keeps_lookup = placement.has_cpu_lookup(table)
+    with silenced(CPU_ENTRY_IN_MAP):  # nothing is offloaded: the "cpu" entry is the PLE table, served by its lookup
+        dispatch_model(model, device_map=device_map, skip_keys=model._skip_keys_device_placement, force_hooks=True)
+    if keeps_lookup:  # dispatch_model wrapped the table's forward again: take that hook off, as the loader does
+        from accelerate.hooks import remove_hook_from_module
+
+        for name in placement.ple_module_names(model):
+            remove_hook_from_module(model.get_submodule(name))
+    return model
+
+
+def check_single_device(model) -> torch.device:
+    """The one device every weight but the PLE table is on; a CourseError naming the fix otherwise (weights
+    accelerate offloads, weights on several devices, a PLE table on the CPU that only its hook serves)."""
+    offloaded = [name for name, module in model.named_modules() if getattr(getattr(module, "_hf_hook", None), "offload", False)]
+    if offloaded:
+        raise CourseError(f"accelerate offloads {offloaded[0]!r} (its weights live on 'meta' and its hook copies them "
+                          f"in at every forward): removing the hooks would break it; load with "
+                          f"loading.load_model(..., ple='cpu'), which keeps every other weight on the GPU.")
+    tables = set(placement.ple_module_names(model))
+    devices, table_devices = set(), {}
+    for name, param in model.named_parameters():
+        module = name.rsplit(".", 1)[0]
+        if module in tables:
+            table_devices[module] = param.device
+        else:
+            devices.add(param.device)
+    if len(devices) != 1:
+        raise CourseError(f"The model's weights are spread over {sorted(map(str, devices))}: the hooks move them at "
+                          f"every forward and cannot be removed; load everything but the PLE table on one GPU "
+                          f"(loading.load_model(..., ple='cpu')).")
+    device = devices.pop()
+    for module, where in table_devices.items():
+        if where != device and not placement.has_cpu_lookup(model.get_submodule(module)):
+            raise CourseError(f"The PLE table {module!r} is on {where} without the course's lookup, so only accelerate's "
+                              f"hook brings it to {device}: call placement.offload_ple(model) first, or load with "
+                              f"loading.load_model(..., ple='cpu').")
+    return device
+
+
+def remove_hooks(model) -> int:
+    """Take accelerate's hooks off every module once placement is fixed (checked by ``check_single_device``);
+    the course's PLE lookup stays. Returns how many modules had one."""
+    from accelerate.hooks import remove_hook_from_module
+
+    check_single_device(model)
+    hooked = len(hooked_modules(model))
+    remove_hook_from_module(model, recurse=True)
+    return hooked
+
+
+# --------------------------------------------------------------------------- the tuned greedy loop
+
+def supports_ple_outside(model) -> bool:
+    """Whether this transformers release lets the multimodal model take ``per_layer_inputs`` (5.17 and
+    later here; 5.5.2's ``Gemma4ForConditionalGeneration.forward`` has no such argument)."""
+    return "per_layer_inputs" in inspect.signature(model.forward).parameters
+
+
+@dataclass
+class GreedyRun:
+    tokens: list
+    logits: torch.Tensor | None  # (steps, vocabulary) float32 on the CPU: the raw logits of each step
+    prefill_s: float
+    decode_s: float  # the new tokens after the first (each one a decode step)
+    compiled_graphs: int | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return (len(self.tokens) - 1) / self.decode_s if self.decode_s else float("nan")
+
+
+def synchronize(device) -> None:
+    """Wait for the GPU (a no-op on the CPU): timings must include the kernels they started."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def pinned_sliding_counters(cache, new_tokens: int = 1):
+    """While one decode step runs, show each ``StaticSlidingWindowLayer`` a counter that selects the branch its
+    real count selects (``update`` reads it only for ``is_full``; positions come from its tensor counter), so
+    the compiled step sees constants; afterwards the real count, advanced by ``new_tokens``."""
+    layers = [layer for layer in cache.layers if hasattr(layer, "cumulative_length_int")]
+    real = [layer.cumulative_length_int for layer in layers]
+    for layer, count in zip(layers, real):
+        layer.cumulative_length_int = layer.max_cache_len if count >= layer.max_cache_len else 0
+    try:
+        yield
+    finally:
+        for layer, count in zip(layers, real):
+            layer.cumulative_length_int = count + new_tokens
+
+
+class TunedGreedy:
+    """Greedy decoding with a ``Decoder``'s settings on a loaded model: the same tokens and raw logits as
+    ``generate(..., do_sample=False, min_new_tokens=n)`` with a ``StaticCache`` (``tests/test_decoding.py``)."""
+
+    def __init__(self, model, settings: Decoder = Decoder()):
+        if not isinstance(settings, Decoder):
+            raise CourseError(f"settings={settings!r} is not a Decoder; pass decoding.Decoder(...).")
+        if settings.ple_outside and not supports_ple_outside(model):
+            import transformers
+
+            raise CourseError(f"transformers {transformers.__version__} cannot take the PLE rows from outside the model "
+                              f"(Gemma4ForConditionalGeneration.forward has no per_layer_inputs): upgrade transformers "
+                              f"(5.17 or later), or pass Decoder(ple_outside=False).")
+        self.model, self.settings = model, settings
+        self.hooks_removed = remove_hooks(model) if settings.remove_hooks else 0
+        self.device = placement.compute_device_of(model)
+        self.language_model = model.get_decoder() if hasattr(model, "get_decoder") else model.model.language_model
+        self.language_model = getattr(self.language_model, "language_model", self.language_model)
+        self.embed = model.get_input_embeddings()
+        eos = model.generation_config.eos_token_id
+        self.eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.cache_name = cache_argument(model)
+        self.step_forward = self._compiled(model.forward)
+        self._cache, self._cache_len = None, None
+
+    def _compiled(self, forward):
+        mode = self.settings.compile
+        if mode is None:
+            return forward
+        # dynamic=False: a changed int is a new constant, not a symbolic input (two pinned values: two graphs)
+        options = {"fullgraph": self.settings.fullgraph, "dynamic": False}
+        if mode == "reduce-overhead":
+            return torch.compile(forward, mode="reduce-overhead", **options)
+        if mode == "cudagraphs":
+            # the step writes the static cache in place: keep those writes inside the graph (the default replays
+            # them after it, copying whole cache tensors) and let the backend capture a graph that mutates its
+            # inputs (the default skips CUDA graphs for it); the cache's tensors are marked static by transformers
+            torch._dynamo.config.cudagraph_backend_keep_input_mutation = True
+            torch._dynamo.config.cudagraph_backend_support_input_mutation = True
+        return torch.compile(forward, backend=mode, **options)
+
+    def cache(self, length: int):
+        """One static cache per length, reset in place between runs: a captured graph keeps its addresses."""
+        if self._cache is None or self._cache_len != length:
+            self._cache, self._cache_len = new_cache(self.model, "static", length), length
+        else:
+            self._cache.reset()
+        return self._cache
+
+    def _next_token(self, logits: torch.Tensor) -> torch.Tensor:
+        chosen = logits.clone()
+        chosen[:, self.eos] = -float("inf")  # as min_new_tokens does: exactly n tokens, never an early stop
+        return chosen.argmax(-1, keepdim=True)
+
+    def _prefill(self, ids, cache) -> torch.Tensor:
+        chunk = self.settings.chunk or ids.shape[1]
+        for start in range(0, ids.shape[1], chunk):
+            out = self.model(input_ids=ids[:, start:start + chunk], use_cache=True, logits_to_keep=1,
+                             **{self.cache_name: cache})
+        return out.logits[:, -1].clone()
+
+    def _step(self, token, position: int, mask_2d, cache) -> torch.Tensor:
+        positions = torch.tensor([[position]], device=self.device)
+        inputs = {"attention_mask": self.model.create_masks_for_generate(
+            self.model.config, torch.empty((1, 1, 0), dtype=self.model.dtype, device=self.device),
+            mask_2d[:, :position + 1], cache, positions)}
+        if self.settings.ple_outside:
+            embeds = self.embed(token)
+            inputs.update(inputs_embeds=embeds, per_layer_inputs=self.language_model.get_per_layer_inputs(token, embeds))
+        else:
+            inputs["input_ids"] = token
+        if self.settings.compile in ("cudagraphs", "reduce-overhead"):
+            torch.compiler.cudagraph_mark_step_begin()
+        with pinned_sliding_counters(cache):
+            out = self.step_forward(position_ids=positions, use_cache=True, logits_to_keep=1, **{self.cache_name: cache},
+                                    **inputs)
+        return out.logits[:, -1].clone()  # a CUDA graph's output is overwritten by its next replay
+
+    def greedy(self, ids: torch.Tensor, new_tokens: int, *, keep_logits: bool = False) -> GreedyRun:
+        """Exactly ``new_tokens`` greedy tokens after ``ids`` (batch 1)."""
+        new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
+        if ids.shape[0] != 1:
+            raise CourseError(f"The tuned decode runs batch 1; got a batch of {ids.shape[0]}: pass one prompt.")
+        ids = ids.to(self.device)
+        total = ids.shape[1] + new_tokens
+        cache = self.cache(total)
+        mask_2d = torch.ones((1, total), dtype=torch.long, device=self.device)
+        tokens, kept = [], []
+        with torch.no_grad():
+            synchronize(self.device)
+            began = time.perf_counter()
+            logits = self._prefill(ids, cache)
+            synchronize(self.device)
+            prefilled = time.perf_counter()
+            for step in range(new_tokens):
+                if keep_logits:
+                    kept.append(logits[0].float().cpu())
+                token = self._next_token(logits)
+                tokens.append(int(token))  # the host needs it anyway for the PLE lookup
+                if step + 1 < new_tokens:
+                    logits = self._step(token, ids.shape[1] + step, mask_2d, cache)
+            synchronize(self.device)
+            done = time.perf_counter()
+        return GreedyRun(tokens, torch.stack(kept) if keep_logits else None, prefilled - began, done - prefilled)
+
+
+def plain_greedy(model, ids: torch.Tensor, new_tokens: int, *, static_cache: bool = False, keep_logits: bool = False) -> GreedyRun:
+    """``generate`` as the course runs it (greedy, exactly ``new_tokens``), timed the same way as ``TunedGreedy``
+    (the prefill apart: ``generate``'s first step); ``static_cache`` passes a ``StaticCache``."""
+    device = placement.compute_device_of(model)
+    ids = ids.to(device)
+    extra = {cache_argument(model): new_cache(model, "static", ids.shape[1] + new_tokens)} if static_cache else {}
+    common = dict(attention_mask=torch.ones_like(ids), do_sample=False, return_dict_in_generate=True)
+    with torch.no_grad():
+        synchronize(device)
+        began = time.perf_counter()
+        model.generate(input_ids=ids, max_new_tokens=1, min_new_tokens=1, **common,
+                       **({cache_argument(model): new_cache(model, "static", ids.shape[1] + 1)} if static_cache else {}))
+        synchronize(device)
+        prefill = time.perf_counter() - began
+        began = time.perf_counter()
+        out = model.generate(input_ids=ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, output_logits=keep_logits,
+                             **common, **extra)
+        synchronize(device)
+        total = time.perf_counter() - began
+    tokens = out.sequences[0, ids.shape[1]:].tolist()
+    logits = torch.stack([step[0] for step in out.logits]).float().cpu() if keep_logits else None
+    return GreedyRun(tokens, logits, prefill, max(total - prefill, 0.0))
+
+
+def graph_breaks(model, ids: torch.Tensor, *, ple_outside: bool = True) -> dict:
+    """``torch._dynamo.explain`` of one decode step of ``model`` as it stands (hooks or not): how many graphs
+    and graph breaks, and the first reasons. Nothing is compiled."""
+    import torch._dynamo
+
+    device = placement.compute_device_of(model)
+    ids = ids.to(device)
+    cache = new_cache(model, "static", ids.shape[1] + 2)
+    name = cache_argument(model)
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=True, logits_to_keep=1, **{name: cache})
+        token = ids[:, -1:]
+        positions = torch.tensor([[ids.shape[1]]], device=device)
+        inputs = {"input_ids": token}
+        if ple_outside and supports_ple_outside(model):
+            embeds = model.get_input_embeddings()(token)
+            decoder = model.get_decoder()
+            decoder = getattr(decoder, "language_model", decoder)
+            inputs = {"inputs_embeds": embeds, "per_layer_inputs": decoder.get_per_layer_inputs(token, embeds)}
+        torch._dynamo.reset()
+        with silenced(HOOKED_RECOMPILES):
+            explained = torch._dynamo.explain(model.forward)(position_ids=positions, use_cache=True, logits_to_keep=1,
+                                                            **{name: cache}, **inputs)
+        torch._dynamo.reset()
+    reasons = []
+    for reason in explained.break_reasons:
+        text = " ".join(str(reason.reason).split())
+        if text not in reasons:
+            reasons.append(text)
+    return {"graphs": explained.graph_count, "graph_breaks": explained.graph_break_count, "reasons": reasons[:5]}
+
+
+# --------------------------------------------------------------------------- a profile a learner can open
+
+@dataclass
+class ProfileSummary:
+    steps: int
+    wall_s: float
+    device_busy_s: float  # time GPU kernels ran (0 on a CPU-only machine)
+    kernels: int  # GPU kernels run
+    launches: int  # kernel and graph launches the CPU made
+    cpu_ops: int  # aten operators the CPU dispatched
+    trace: str
+    by_step: dict = field(default_factory=dict)
+
+    @property
+    def device_busy_fraction(self) -> float | None:
+        return self.device_busy_s / self.wall_s if self.wall_s and self.kernels else None
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "device_busy_fraction": self.device_busy_fraction}
+
+
+def profile(run, trace_path, steps: int, device) -> ProfileSummary:
+    """Run ``run()`` (``steps`` decode steps) under ``torch.profiler`` and write a Chrome trace to ``trace_path``
+    (open it at https://ui.perfetto.dev or chrome://tracing). The summary: wall time, how long GPU kernels ran,
+    how many kernels and launches, how many operators the CPU dispatched."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    device = torch.device(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    trace_path = Path(trace_path)
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    with torch_profile(activities=activities) as prof:
+        synchronize(device)
+        began = time.perf_counter()
+        run()
+        synchronize(device)
+        wall = time.perf_counter() - began
+    prof.export_chrome_trace(str(trace_path))
+    busy = kernels = launches = cpu_ops = 0
+    for event in prof.key_averages():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            busy += event.self_device_time_total
+            kernels += event.count
+        elif event.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch"):
+            launches += event.count
+        elif event.key.startswith("aten::"):
+            cpu_ops += event.count
+    return ProfileSummary(steps, wall, busy / 1e6, kernels, launches, cpu_ops, str(trace_path),
+                          {"wall_ms": 1e3 * wall / steps, "kernels": kernels / steps, "launches": launches / steps,
+                           "cpu_ops": cpu_ops / steps})
+
+
+def trace_events(trace_path) -> list:
+    """The events of a Chrome trace written by ``profile`` (what Perfetto shows)."""
+    return json.loads(Path(trace_path).read_text())["traceEvents"]

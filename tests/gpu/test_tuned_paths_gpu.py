@@ -1,0 +1,82 @@
+"""GPU tier, issue 15: the tuned long-context and decode paths on ``tiny`` on CUDA, before the benchmark spends
+minutes on E4B. Fast (tiny): a crash or a silent fallback (CUDA graphs skipped, graph breaks) shows here first."""
+
+import functools
+
+import pytest
+import torch
+
+from helpers import decoding, loading, long_context, measure
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+NEW = 48
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_path):
+    return loading.load_tokenizer("tiny")
+
+
+@pytest.fixture(scope="module")
+def ids(tokenizer):
+    return measure.prompt_ids(tokenizer, 32, 0)
+
+
+def counters():
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    return {"graph_breaks": sum(dynamo_counters["graph_break"].values()),
+            "cudagraph_skips": dynamo_counters["inductor"].get("cudagraph_skips", 0)}
+
+
+def test_the_loader_attaches_hooks_on_a_gpu_they_break_the_graph_and_removing_them_keeps_the_logits(ids):
+    model = loading.load_model("tiny", quant="nf4", ple="cpu", device=0)
+    assert decoding.hooked_modules(model)  # the per-module map with a "cpu" entry goes through dispatch_model
+    before = decoding.plain_greedy(model, ids, 16, static_cache=True, keep_logits=True)
+    assert decoding.graph_breaks(model, ids)["graph_breaks"] > 0
+    decoding.remove_hooks(model)
+    assert decoding.graph_breaks(model, ids)["graph_breaks"] == 0
+    after = decoding.plain_greedy(model, ids, 16, static_cache=True, keep_logits=True)
+    assert measure.compare_logits(before.logits, after.logits)["identical"]
+
+
+@pytest.mark.parametrize("mode", ["cudagraphs", "reduce-overhead"])
+def test_the_tuned_decode_runs_in_cuda_graphs_without_a_skip_or_a_break(ids, mode):
+    model = loading.load_model("tiny", quant="nf4", ple="cpu", device=0)
+    reference = decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
+    again = decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
+    steps = measure.self_consistent_steps(reference.logits, again.logits)
+    start = counters()
+    tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=mode))
+    first = tuned.greedy(ids, NEW, keep_logits=True)
+    second = tuned.greedy(ids, NEW, keep_logits=True)
+    end = counters()
+    assert end == start, (start, end)  # no graph break, no CUDA graph skipped
+    assert measure.compare_logits(first.logits, second.logits)["identical"]  # a replayed graph agrees with itself
+    comparison = measure.compare_logits(reference.logits, first.logits, steps)
+    if mode == "cudagraphs":  # the eager kernels, replayed: the same bits
+        assert comparison["identical"], comparison
+    else:  # Inductor fuses kernels and rounds differently: recorded by the benchmark, here only bounded
+        assert comparison["max_abs_diff"] < 0.1 * reference.logits.std().item(), comparison
+
+
+def test_a_cuda_graph_launches_far_fewer_times_per_token_than_plain_generate(ids, tmp_path):
+    model = loading.load_model("tiny", quant="nf4", ple="cpu", device=0)
+    plain = decoding.profile(functools.partial(decoding.plain_greedy, model, ids, 8), tmp_path / "plain.json", 8, 0)
+    tuned = decoding.TunedGreedy(model, decoding.Decoder(compile="cudagraphs"))
+    tuned.greedy(ids, 8)  # capture first
+    graphed = decoding.profile(functools.partial(tuned.greedy, ids, 8), tmp_path / "tuned.json", 8, 0)
+    assert plain.kernels > 0 and 0 < plain.device_busy_fraction <= 1
+    assert graphed.by_step["launches"] < plain.by_step["launches"] / 5, (plain.by_step, graphed.by_step)
+
+
+def test_the_tuned_chunked_prefill_gives_the_logits_of_one_uncached_forward_on_the_gpu_and_a_narrow_window_does_not(ids, tokenizer):
+    model = loading.load_model("tiny", quant="bf16", ple="cpu", device=0, dtype=torch.float32)
+    long_ids = measure.prompt_ids(tokenizer, 96, 0)
+    with torch.no_grad():
+        reference = model(input_ids=long_ids).logits
+    settings = long_context.LongContext(chunk=16)
+    good = long_context.logits_agree(reference, settings.prefill_logits(model, long_ids), atol=1e-3)
+    broken = long_context.narrow_window(long_context.new_cache(model, "static", 96))
+    bad = long_context.logits_agree(reference, settings.prefill_logits(model, long_ids, cache=broken), atol=1e-3)
+    assert good["close"] and not bad["close"], (good, bad)

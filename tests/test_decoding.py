@@ -1,0 +1,207 @@
+"""The tuned decode (helpers.decoding) on tiny on the CPU: the same logits as generate with a static cache, bit for
+bit over the steps where each agrees with itself, beside a control that must differ; accelerate's hooks as graph
+breaks; a compiled step without int inputs; a profile a learner can open. Speeds are measured by make bench."""
+
+import contextlib
+import json
+
+import pytest
+import torch
+import transformers
+from packaging.version import Version
+
+from helpers import bench, decoding, loading, measure, placement
+from helpers.errors import CourseError, InvalidChoiceError
+
+NEW = 24
+OLD_RELEASE = Version(transformers.__version__) < Version("5.17.0")  # no per_layer_inputs, no hooks on 5.5.2 (below)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_path):
+    return loading.load_tokenizer("tiny")
+
+
+@pytest.fixture(scope="module")
+def ids(tokenizer):
+    return measure.prompt_ids(tokenizer, 32, "cpu")  # four times tiny's window: sliding layers are full
+
+
+def fresh(quant="nf4"):
+    return loading.load_model("tiny", quant=quant, ple="cpu", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def nf4():
+    return fresh()
+
+
+@pytest.fixture(scope="module")
+def reference(nf4, ids):
+    """Plain generate with a static cache, twice: its logits and how far it agrees with itself."""
+    first = decoding.plain_greedy(nf4, ids, NEW, static_cache=True, keep_logits=True)
+    again = decoding.plain_greedy(nf4, ids, NEW, static_cache=True, keep_logits=True)
+    return first, measure.self_consistent_steps(first.logits, again.logits)
+
+
+needs_ple_outside = pytest.mark.skipif(OLD_RELEASE, reason="this transformers takes no per_layer_inputs (tested below)")
+
+
+@needs_ple_outside
+@pytest.mark.parametrize("compile_mode", [None, "eager"], ids=["loop", "dynamo"])
+def test_the_tuned_decode_gives_the_logits_of_generate_with_a_static_cache_bit_for_bit(nf4, ids, reference, compile_mode):
+    expected, steps = reference
+    assert steps == NEW and len(set(expected.tokens)) > NEW // 2  # self-consistent, and the tokens vary
+    run = decoding.TunedGreedy(nf4, decoding.Decoder(compile=compile_mode)).greedy(ids, NEW, keep_logits=True)
+    assert measure.compare_logits(expected.logits, run.logits, steps)["identical"]
+    assert run.tokens == expected.tokens
+
+
+@needs_ple_outside
+def test_the_tuned_decode_with_one_ple_row_nudged_by_one_ulp_is_told_apart(nf4, ids, reference):
+    expected, steps = reference
+    with measure.ple_row_nudged(nf4, int(ids[0, -1])):
+        run = decoding.TunedGreedy(nf4, decoding.Decoder(compile=None)).greedy(ids, NEW, keep_logits=True)
+    comparison = measure.compare_logits(expected.logits, run.logits, steps)
+    assert not comparison["identical"] and comparison["first_difference"] == 0
+
+
+def test_a_static_cache_changes_the_bits_of_plain_generate_so_identity_is_claimed_against_its_static_twin(nf4, ids, reference):
+    expected, steps = reference
+    dynamic = decoding.plain_greedy(nf4, ids, NEW, keep_logits=True)
+    comparison = measure.compare_logits(expected.logits, dynamic.logits, steps)
+    assert not comparison["identical"]
+    assert comparison["max_abs_diff"] < 0.1 * expected.logits.std().item()  # rounding, not a different computation
+
+
+@pytest.mark.skipif(OLD_RELEASE, reason="5.5.2 with hooks on every layer: see the KeyError test below")
+def test_accelerate_hooks_break_the_decode_graph_and_removing_them_leaves_one_graph_and_the_same_tokens(ids):
+    model = decoding.attach_placement_hooks(fresh("bf16"))
+    assert decoding.hooked_modules(model)
+    before = decoding.plain_greedy(model, ids, 8, static_cache=True, keep_logits=True)
+    hooked = decoding.graph_breaks(model, ids)
+    assert hooked["graph_breaks"] > 0 and any("AlignDevicesHook" in reason for reason in hooked["reasons"])
+    assert decoding.remove_hooks(model) > 0 and not decoding.hooked_modules(model)
+    assert placement.has_cpu_lookup(model.get_submodule(placement.ple_module_names(model)[0]))  # the lookup stays
+    assert decoding.graph_breaks(model, ids) == {"graphs": 1, "graph_breaks": 0, "reasons": []}
+    after = decoding.plain_greedy(model, ids, 8, static_cache=True, keep_logits=True)
+    assert torch.equal(before.logits, after.logits)
+
+
+@pytest.mark.skipif(not OLD_RELEASE, reason="only releases before 5.17 pass the shared keys in a plain dict")
+def test_on_old_transformers_hooks_on_every_layer_lose_gemma4s_shared_keys(ids):
+    """accelerate's send_to_device rebuilds every dict it is handed, so the keys one layer stores for the
+    KV-shared layers land in a copy (transformers 5.5.2); later releases pass them in a KVSharingDict or by name."""
+    model = decoding.attach_placement_hooks(fresh("bf16"))
+    with pytest.raises(KeyError):
+        decoding.plain_greedy(model, ids, 2)
+
+
+def test_attaching_hooks_after_loading_is_refused_for_bitsandbytes_weights(nf4):
+    with pytest.raises(CourseError, match="bf16"):
+        decoding.attach_placement_hooks(nf4)
+
+
+def test_hooks_are_kept_where_removing_them_would_leave_weights_behind():
+    from accelerate.hooks import attach_align_device_hook
+
+    model = fresh("bf16")
+    table = model.get_submodule(placement.ple_module_names(model)[0])
+    attach_align_device_hook(table, execution_device="cpu", offload=True, weights_map=table.state_dict())
+    with pytest.raises(CourseError, match="offloads"):
+        decoding.remove_hooks(model)
+
+
+@needs_ple_outside
+@pytest.mark.parametrize("prompt, graphs", [(32, 1), (4, 2)], ids=["window-full", "window-filling"])
+def test_the_compiled_step_takes_no_int_inputs_so_cuda_graphs_are_recorded_once_per_branch(nf4, tokenizer, prompt, graphs):
+    ids = measure.prompt_ids(tokenizer, prompt, "cpu")
+    seen = []
+
+    def backend(graph_module, example_inputs):
+        seen.append([type(value).__name__ for value in example_inputs if not isinstance(value, torch.Tensor)])
+        return graph_module.forward
+
+    tuned = decoding.TunedGreedy(nf4, decoding.Decoder(compile=None))
+    tuned.step_forward = torch.compile(nf4.forward, backend=backend, fullgraph=True, dynamic=False)
+    tuned.greedy(ids, 12)
+    assert len(seen) == graphs and all(inputs == [] for inputs in seen)
+
+
+@needs_ple_outside
+def test_without_pinned_counters_the_compiled_step_takes_the_sliding_counters_as_int_inputs(nf4, ids, monkeypatch):
+    seen = []
+
+    def backend(graph_module, example_inputs):
+        seen.append([type(value).__name__ for value in example_inputs if not isinstance(value, torch.Tensor)])
+        return graph_module.forward
+
+    monkeypatch.setattr(decoding, "pinned_sliding_counters", lambda cache: contextlib.nullcontext())
+    tuned = decoding.TunedGreedy(nf4, decoding.Decoder(compile=None))
+    tuned.step_forward = torch.compile(nf4.forward, backend=backend, fullgraph=True)
+    tuned.greedy(ids, 6)
+    assert any("SymInt" in inputs for inputs in seen)  # each new value would record a new CUDA graph
+
+
+@pytest.mark.skipif(not OLD_RELEASE, reason="this transformers takes per_layer_inputs")
+def test_old_transformers_are_told_to_upgrade_or_keep_the_ple_lookup_in_the_step(nf4, ids, reference):
+    with pytest.raises(CourseError, match="upgrade transformers"):
+        decoding.TunedGreedy(nf4, decoding.Decoder(compile=None))
+    expected, steps = reference
+    run = decoding.TunedGreedy(nf4, decoding.Decoder(compile=None, ple_outside=False)).greedy(ids, NEW, keep_logits=True)
+    assert measure.compare_logits(expected.logits, run.logits, steps)["identical"]
+
+
+def test_a_profile_writes_a_chrome_trace_of_the_decode_a_learner_can_open(nf4, ids, tmp_path):
+    summary = decoding.profile(lambda: decoding.plain_greedy(nf4, ids, 4), tmp_path / "decode.json", 4, "cpu")
+    events = decoding.trace_events(summary.trace)
+    assert any(event.get("name", "").startswith("aten::") for event in events)
+    assert summary.cpu_ops > 0 and summary.by_step["cpu_ops"] == summary.cpu_ops / 4
+    assert summary.kernels == 0 and summary.device_busy_fraction is None  # no GPU here: nothing claimed about one
+
+
+@needs_ple_outside
+def test_the_decode_speed_route_records_what_the_benchmark_compares_on_the_cpu(nf4, tokenizer, tmp_path):
+    """measure._measure_decoding is what `make bench PRESET=decode-speed` runs on the GPU; on the CPU its records
+    must already carry self-consistency and logits that bench.identity compares, control included."""
+    cpu = torch.device("cpu")
+    records = {}
+    for name, mode, nudged in (("generate-static", "generate-static", False), ("dynamo", "dynamo", False),
+                               ("nudged", "loop", True)):
+        record = {"model": "tiny", "quant": "nf4", "ple": "cpu"}
+        nudge = measure.ple_row_nudged(nf4, int(measure.prompt_ids(tokenizer, 32, "cpu")[0, -1])) if nudged \
+            else contextlib.nullcontext()
+        with nudge:
+            measure._measure_decoding(nf4, tokenizer, cpu, record, decode=mode, new_tokens=12, decode_runs=0,
+                                      greedy_context=32, logits_out=tmp_path / f"{name}.pt", profile_trace=None,
+                                      profile_steps=4)
+        record["logits_file"] = str(tmp_path / f"{name}.pt")
+        records[name] = record
+    assert records["generate-static"]["self_consistent_steps"] == 12
+    assert records["dynamo"]["compile"]["graph_breaks"] == 0
+    assert records["dynamo"]["bandwidth_limit_tokens_per_s"] > 0
+    same = bench.identity(records["generate-static"], records["dynamo"],
+                          bench.Configuration("tiny", "nf4", "cpu", reference="generate-static"))
+    control = bench.identity(records["generate-static"], records["nudged"],
+                             bench.Configuration("tiny", "nf4", "cpu", reference="generate-static", control=True))
+    assert same["compared"] and same["identical"] and same["steps"] == 12
+    assert control["compared"] and control["told_apart"]
+    json.dumps(records)  # what measure writes must serialise
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: decoding.Decoder(compile="fast"), "choose one of"),
+    (lambda: decoding.Decoder(fullgraph="yes"), "True or False"),
+    (lambda: decoding.Decoder(chunk=-1), "whole number"),
+])
+def test_bad_decoder_settings_are_refused_in_one_sentence(make, message):
+    with pytest.raises((CourseError, InvalidChoiceError), match=message):
+        make()
+
+
+@needs_ple_outside
+def test_the_tuned_decode_refuses_a_batch_and_settings_of_the_wrong_kind(nf4, ids):
+    with pytest.raises(CourseError, match="Decoder"):
+        decoding.TunedGreedy(nf4, "reduce-overhead")
+    with pytest.raises(CourseError, match="batch 1"):
+        decoding.TunedGreedy(nf4, decoding.Decoder(compile=None)).greedy(ids.repeat(2, 1), 2)
