@@ -2,6 +2,7 @@
 
 Imports point down this list, never up:
 
+    links                          the course's addresses: repository, Colab links, troubleshooting entries
     errors, paths, noise           the exception family; where files live; expected messages, silenced
     cards, host_memory, checksums  the learners' cards (and simulating one); host RAM; sha256 and git blob ids of files
     synthetic, download            random-weight checkpoints of the real shapes; downloading with retries, verified
@@ -12,7 +13,8 @@ Imports point down this list, never up:
     records                        readers of the recorded results (data/measurements, gpu-tier, gguf, chat)
     planner                        predict / fits: memory before loading, from a config and the records
     anatomy, charts, environment   module trees, plots, the setup check
-    mirror, faults                 a classroom mirror (olah behind a guarding front); a fault-injecting proxy
+    mirror, faults                 a classroom mirror (files streamed from disk, olah behind a guarding front); a fault-injecting proxy
+    classroom                      a room of learners downloading from the mirror at once: the load test
     measure, bench                 the GPU runners: one route in a fresh process; the benchmark grid
     chat, gguf_route               chatting through the chat template with streaming and a stop button; the llama.cpp route
 """

@@ -38,17 +38,25 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 class HubImportedTooEarlyError(CourseError):
     """HF_ENDPOINT / HF_HUB_DISABLE_XET set after huggingface_hub had already read them."""
 
+    entry = "huggingface_hub-was-imported-before-hf_endpoint-was-set"
+
 
 class DownloadFailedError(CourseError):
     """Every attempt failed."""
+
+    entry = "a-download-that-keeps-failing-or-stalls"
 
 
 class DiskFullError(CourseError):
     """No space left for the download."""
 
+    entry = "disk-full"
+
 
 class OfflineModeError(CourseError):
     """HF_HUB_OFFLINE forbids the download."""
+
+    entry = "hf_hub_offline-is-set"
 
 
 def is_hub_id(name) -> bool:

@@ -144,6 +144,8 @@ def is_complete(path: Path) -> bool:
 class NotASyntheticCheckpointError(CourseError):
     """A folder without the build's marker, so without recorded checksums."""
 
+    entry = "truncated-or-corrupt-checkpoint"
+
 
 def verify(folder) -> dict:
     """Check every file of a synthetic checkpoint against the sha256 its build recorded:
