@@ -4,6 +4,7 @@ Imports point down this list, never up:
 
     links                          the course's addresses: repository, Colab links, troubleshooting entries
     errors, paths, noise           the exception family; where files live; expected messages, silenced
+    course                         set-up without make (setup, test, lab; a CUDA torch), Colab's install cell, the Drive cache
     cards, host_memory, checksums  the learners' cards (and simulating one); host RAM; sha256 and git blob ids of files
     synthetic, download            random-weight checkpoints of the real shapes; downloading with retries, verified
     models                         where a checkpoint comes from: hub id, folder or synthetic name; its config

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-from . import checksums
+from . import checksums, synthetic
 from .download import expected_files
 from .errors import InvalidChoiceError, require_whole_number
 from .mirror import LOOPBACK, free_port
@@ -229,8 +229,6 @@ def main(argv=None) -> int:
     load.add_argument("--control", action="store_true", help="also fetch one shard straight from olah, past the front")
     load.add_argument("--record", action="store_true", help=f"write the figures to {CLASSROOM_DIR}/load-<model>.json")
     args = parser.parse_args(argv)
-    from . import synthetic
-
     if args.model in synthetic.SHAPES:
         model_dir = synthetic.build(args.model)
     elif Path(args.model).is_dir():

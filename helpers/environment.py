@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from .host_memory import total_ram_bytes
 from .paths import REPO_ROOT
+from .planner import host_fits, predict_host
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 FULL_CHECKPOINT_BYTES = 16e9  # google/gemma-4-E4B-it in bf16 safetensors
@@ -173,9 +175,6 @@ def memory_checks(download_dir: Path | None = None) -> list:
 def host_ram_checks(model: str = "e4b-shape") -> list:
     """Will this machine's RAM hold E4B NF4 in each placement? The planner's anonymous peak (what runs
     a VM out of memory) against the RAM, minus an allowance for the system."""
-    from .host_memory import total_ram_bytes
-    from .planner import host_fits, predict_host
-
     ram = total_ram_bytes()
     checks = []
     for label, ple, copied in (("PLE on the CPU from the first byte", "cpu", False), ("PLE moved after loading", "gpu", True)):
