@@ -30,6 +30,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -622,6 +623,10 @@ class Mirror:
         self.stop()
 
 
+def _stop_on_terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Serve a local model folder as a Hub mirror (olah, offline).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -638,6 +643,7 @@ def main(argv=None) -> int:
     except CourseError as err:
         print(err, file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _stop_on_terminate)  # `kill` and a process manager stop it as Ctrl+C does: olah too
     address = "<this machine's address>" if args.classroom else LOOPBACK
     print(f"{mirror.exposure()}\nLearners run:\n"
           f"  export HF_ENDPOINT=http://{address}:{mirror.port} {LEARNER_SETTINGS}\n"
