@@ -19,7 +19,7 @@ LLAMA_CPP_SDIST := $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
 LLAMA_CPP_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
 export LLAMA_CPP_SOURCE := $(CURDIR)/$(LLAMA_CPP_DIR)/llama.cpp
 
-.PHONY: bench install lint llama-cpp test test-cpu test-notebooks test-matrix test-colab classroom-load docs test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
+.PHONY: bench install lint llama-cpp test test-mutations test-cpu test-notebooks test-matrix test-colab classroom-load docs test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
 
 $(VENV)/.installed: requirements.txt requirements-local.txt requirements-dev.txt pyproject.toml helpers/course.py
 	@# the same set-up as `python -m helpers.course setup --dev` from PowerShell: a CUDA torch where nvidia-smi
@@ -46,11 +46,15 @@ $(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON): $(VENV)/.installed
 	touch $@
 
 ## make test: every tier this machine can run
-test: install lint llama-cpp test-cpu test-notebooks test-matrix test-colab
+test: install lint llama-cpp test-cpu test-notebooks test-matrix test-mutations test-colab
 	@if [ -n "$(HAS_CUDA)" ]; then $(MAKE) --no-print-directory test-gpu PYTHON_GPU=$(PY); fi
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+## make test-mutations: break the code in named ways (tools/mutations.py) and check that a test notices each
+test-mutations: install
+	$(PY) tools/mutations.py
 
 test-cpu: install
 	$(PY) -m pytest tests -ra

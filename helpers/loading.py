@@ -67,8 +67,9 @@ def compute_device(device: Device) -> torch.device:
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def require_compute_dtype(compute_dtype) -> torch.dtype:
-    if compute_dtype not in COMPUTE_DTYPES:
+def require_compute_dtype(compute_dtype) -> torch.dtype | None:
+    """``compute_dtype`` if it is one the course supports, or None (chosen for the GPU at load time)."""
+    if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
         raise InvalidChoiceError(f"compute_dtype={compute_dtype!r} is not supported; pass torch.bfloat16, or torch.float16 on a T4.")
     return compute_dtype
 
