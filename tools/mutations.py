@@ -62,8 +62,9 @@ MUTATIONS = (
              "if not torch.allclose(reference[step], candidate[step], atol=1.0)]", ("tests/test_loading.py",)),
     Mutation("the synthetic init repeats one token again (post-norms at 1)", "helpers/synthetic.py",
              "POST_NORM_SCALE = 8.0", "POST_NORM_SCALE = 1.0", ("tests/test_synthetic.py",)),
-    Mutation("download.verify answers ok for any file", "helpers/download.py",
-             'result[name] = "ok" if actual == etag else "mismatch"', 'result[name] = "ok"', ("tests/test_download.py",)),
+    Mutation("verification answers ok for any file that exists", "helpers/checksums.py",
+             "result[name] = MISSING if not path.is_file() else OK if wanted.matches(path) else MISMATCH",
+             "result[name] = MISSING if not path.is_file() else OK", ("tests/test_download.py",)),
 )
 
 
