@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ import torch
 
 from . import cards, loading, models, placement, quantization
 from .errors import CourseError
-from .host_memory import PeakSampler
+from .host_memory import PeakSampler, peak_rss_bytes
 from .planner import largest_true
 from .records import environment
 from .weights import meta_model
@@ -256,7 +255,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
             limit = max_context_limit or text_config.max_position_embeddings
             record["max_context"] = largest_true(512, limit, lambda context: fits_context(model, tokenizer, context, device))
             record["max_context_limit"] = limit
-    record["host_process_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    record["host_process_peak_bytes"] = peak_rss_bytes()
     return record
 
 

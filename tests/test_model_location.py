@@ -10,19 +10,21 @@ from helpers import download, mirror, models
 REPO = "google/gemma-4-E4B-it"
 
 
-class NetworkUsed(OSError):
-    pass
+class NetworkUsed(BaseException):
+    """Raised at the first name lookup or connection: a BaseException, so that no retry loop swallows it."""
 
 
 @pytest.fixture
 def no_network(monkeypatch):
-    """Every outgoing connection is refused and remembered."""
+    """Every name lookup and outgoing connection is refused and remembered (a request to the Hub starts with
+    a lookup of huggingface.co, one to a mirror with a connect)."""
     attempts = []
 
-    def refuse(self, address, *args, **kwargs):
-        attempts.append(address)
-        raise NetworkUsed(f"a request to {address} was made")
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise NetworkUsed(f"a network call was made: {args[:2]}")
 
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket.socket, "connect_ex", refuse)
     return attempts
@@ -49,7 +51,7 @@ def test_a_later_notebook_finds_notebook_01s_download_without_any_network_reques
 def test_without_the_verified_record_resolve_reaches_for_the_network(downloaded_as_in_notebook_01, no_network):
     """The control: the guard above sees a request when resolve has to make one."""
     (downloaded_as_in_notebook_01 / ".cache" / download.VERIFIED_RECORD).unlink()
-    with pytest.raises(Exception):  # noqa: B017 - whatever huggingface_hub makes of a refused connection
+    with pytest.raises(NetworkUsed):
         models.resolve(REPO)
     assert no_network
 
