@@ -144,7 +144,7 @@ class ChatMessageError(CourseError):
 class LlamaCppMissingError(CourseError):
     """The llama.cpp route asked for without llama-cpp-python, gguf or llama.cpp's converter."""
 
-    entry = "llama-cpp-missing"
+    entry = "llamacpp-missing"
 
 
 class SimulatedCardError(CourseError):
@@ -168,4 +168,4 @@ class ReplyInProgressError(CourseError):
 class LlamaCppRouteError(CourseError):
     """llama.cpp's converter, quantizer or file reader refused a checkpoint."""
 
-    entry = "llama-cpp-refused-a-checkpoint"
+    entry = "llamacpp-refused-a-checkpoint"
