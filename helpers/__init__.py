@@ -18,6 +18,7 @@ Imports point down this list, never up:
     classroom                      a room of learners downloading from the mirror at once: the load test
     measure, bench                 the GPU runners: one route in a fresh process; the benchmark grid
     chat, gguf_route               chatting through the chat template with streaming and a stop button; the llama.cpp route
+    exercises                      the exercises that end each notebook and the checker of each answer
 """
 
 __version__ = "0.1.0"

@@ -88,6 +88,11 @@ def in_colab() -> bool:
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
+def bf16_is_native(major: int, minor: int = 0) -> bool:
+    """bf16 arithmetic in hardware from compute capability 8.0 (Ampere) on; a T4 (7.5) emulates it."""
+    return (major, minor) >= (8, 0)
+
+
 def on_windows() -> bool:
     return platform.system() == "Windows"
 
@@ -135,7 +140,7 @@ def gpu_checks() -> list:
     checks.append(Check("CUDA (torch build)", str(torch.version.cuda), OK))
     driver = nvidia_driver()
     checks.append(Check("NVIDIA driver", driver or "unknown (nvidia-smi not found)", OK if driver else WARN))
-    native_bf16 = props.major >= 8
+    native_bf16 = bf16_is_native(props.major, props.minor)
     checks.append(Check(
         "bf16", "native" if native_bf16 else f"emulated (compute capability {props.major}.{props.minor})",
         OK if native_bf16 else WARN,
