@@ -2,6 +2,7 @@
 
     python tools/run_course.py notebooks/*.ipynb
     python tools/run_course.py --save-outputs notebooks/*.ipynb   # maintainers: store outputs in notebooks/
+    python tools/run_course.py --record notebooks/*.ipynb   # also write the seconds per notebook to data/course-runs/
 
 The model comes from $GEMMA_MODEL (default: tiny), so the same command runs the course on a
 CPU, on an E4B-shaped checkpoint on a GPU, or on the real google/gemma-4-E4B-it.
@@ -9,6 +10,7 @@ CPU, on an E4B-shaped checkpoint on a GPU, or on the real google/gemma-4-E4B-it.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -16,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
 from helpers.paths import BUILD_DIR as BUILD  # noqa: E402
+from helpers.paths import COURSE_RUNS_DIR  # noqa: E402
 
 
 def run(notebook: Path, save_outputs: bool = False) -> tuple[str, float, str]:
@@ -38,9 +41,32 @@ def run(notebook: Path, save_outputs: bool = False) -> tuple[str, float, str]:
     return status, time.perf_counter() - started, detail
 
 
+def record(results: list, model: str, command: str) -> Path:
+    """The run's seconds per notebook, with the machine they were measured on: what the instructor guide renders."""
+    import datetime
+    import platform
+
+    import psutil
+    import torch
+
+    from importlib.metadata import version
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+    entry = {"model": model, "device": device, "date": datetime.date.today().isoformat(), "command": command,
+             "load_average_at_start": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+             "ram_bytes": psutil.virtual_memory().total, "platform": f"{platform.system()} {platform.machine()}",
+             "versions": {name: version(name) for name in ("torch", "transformers", "accelerate", "bitsandbytes", "huggingface_hub")},
+             "notebooks": {name: {"result": status, "seconds": round(seconds, 1)} for name, status, seconds, _ in results}}
+    COURSE_RUNS_DIR.mkdir(parents=True, exist_ok=True)
+    path = COURSE_RUNS_DIR / f"{model}-{'cuda' if torch.cuda.is_available() else 'cpu'}.json"
+    path.write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    return path
+
+
 def main(args: list[str]) -> int:
     save_outputs = "--save-outputs" in args
-    notebooks = [Path(p) for p in args if p != "--save-outputs"]
+    keep_record = "--record" in args
+    notebooks = [Path(p) for p in args if p not in ("--save-outputs", "--record")]
     model = os.environ.get("GEMMA_MODEL", "tiny")
     if not notebooks:
         print("No notebooks to run yet (notebooks/*.ipynb is empty).")
@@ -54,6 +80,8 @@ def main(args: list[str]) -> int:
     for name, status, seconds, detail in results:
         print(f"  {name:<{width}}  {status:<6} {seconds:7.1f} s  {detail}")
     failed = sum(status != "ok" for _, status, *_ in results)
+    if keep_record:
+        print(f"recorded in {record(results, model, 'python tools/run_course.py --record ' + ' '.join(map(str, notebooks)))}")
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
