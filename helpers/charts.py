@@ -98,12 +98,12 @@ def peak_vs_context(records: list, ax=None, planner=None):
         x = [p["context"] for p in points]
         line, = ax.plot(x, [p["peak_bytes"] / 1e9 for p in points], "-", marker="o" if c["ple"] == "cpu" else "s",
                         markersize=4, label=label, color=colors.get((c["model"], c["quant"])), alpha=0.55, linewidth=2.5,
-                        zorder=2)
+                        zorder=2, gid="measured")
         colors[(c["model"], c["quant"])] = line.get_color()
         if planner is not None:
             # on top of the measured line, thin and dark-edged, so it shows where the two agree (which is most places)
             ax.plot(x, [planner(c["model"], c["quant"], c["ple"], n) / 1e9 for n in x], linestyle=(0, (1, 1.5)),
-                    color=line.get_color(), linewidth=1.6, zorder=3, path_effects=[_outline()])
+                    color=line.get_color(), linewidth=1.6, zorder=3, path_effects=[_outline()], gid="planner")
     for card in SIMULATED_CARDS_GB:
         ax.axhline(card, color="grey", linewidth=0.6, linestyle="--")
         ax.text(0.01, card, f"{card} GB card", transform=ax.get_yaxis_transform(), fontsize=7, color="grey", va="bottom")
