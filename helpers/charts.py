@@ -146,9 +146,11 @@ def card_fits(records: list, ax=None, planner=None):
     ax.bar_label(bars, labels=[f"{v:,}" if v else "does not load" for v in values], fontsize=7, padding=3)
     if planner is not None:
         predicted = [planner(r["configuration"]["model"], r["configuration"]["quant"], r["configuration"]["ple"],
-                             r["configuration"]["card_gb"]) or 0 for r in rows]
+                             r["configuration"]["card_gb"]) for r in rows]
+        shown = [(value, row) for value, row in zip(predicted, y) if value]  # "does not load" has nothing to mark
         # a small triangle above each bar, in the gap between bars, where no value label sits
-        ax.scatter(predicted, y + 0.4, marker="v", s=28, color="black", label="planner's expected largest context", zorder=3)
+        ax.scatter([v for v, _ in shown], [row + 0.4 for _, row in shown], marker="v", s=28, color="black",
+                   label="planner's expected largest context", zorder=3)
         ax.legend(fontsize=8, loc="lower right")
     ax.set_yticks(y, labels, fontsize=8)
     ax.set_xlabel("largest prompt that prefills and decodes (tokens)")

@@ -141,6 +141,8 @@ def require_setup(venv: Path = VENV) -> Path:
 def test(venv: Path = VENV) -> int:
     """What `make test-cpu test-notebooks` and `make lint` run, without make."""
     python = require_setup(venv)
+    if (venv / INSTALLED_MARKER).read_text().strip() != REQUIREMENTS["dev"]:
+        raise SetupError(f"{venv} has the course but not the test tools: run python -m helpers.course setup --dev first.")
     notebooks = [str(p) for p in sorted(NOTEBOOKS_DIR.glob("*.ipynb"))]
     for command in ([str(python), "-m", "ruff", "check", "."], [str(python), "-m", "pytest", "tests", "-ra"],
                     [str(python), "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", *notebooks]):

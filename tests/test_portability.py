@@ -122,3 +122,9 @@ def test_a_small_windows_page_file_fails_with_the_powershell_command_that_raises
 def test_test_and_lab_before_setup_say_to_run_setup(tmp_path, capsys):
     with pytest.raises(course.SetupError, match="python -m helpers.course setup"):
         course.require_setup(tmp_path / "no-venv")
+
+
+def test_test_without_the_test_tools_says_to_set_up_with_dev(tmp_path):
+    (tmp_path / course.INSTALLED_MARKER).write_text(course.REQUIREMENTS["local"])
+    with pytest.raises(course.SetupError, match="setup --dev"):
+        course.test(tmp_path)

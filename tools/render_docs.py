@@ -60,9 +60,16 @@ def agenda() -> list:
             totals[len(runs) + j] += entry["seconds"] if entry else 0
         lines.append(f"| `{name}` | {what} | " + " | ".join(cells) + " |")
     lines.append("| all | | " + " | ".join(minutes(t) for t in totals) + " |")
-    sources = [f"`{run['model']}`: `{run['command'].split(' notebooks/')[0]} notebooks/*.ipynb` on {run['date']} "
-               f"({run['platform']}, {run['device']}, load average {run['load_average_at_start']} at the start; "
-               f"transformers {run['versions']['transformers']})" for run in runs]
+    sources = []
+    for run in runs:
+        by_command: dict = {}
+        for name, entry in sorted(run["notebooks"].items()):
+            key = (entry["command"].split(" notebooks/")[0], entry["date"], entry["load_average_at_start"],
+                   entry["versions"]["transformers"])
+            by_command.setdefault(key, []).append(name[:2])
+        sources += [f"`{run['model']}` {', '.join(numbers)}: `{command} notebooks/<notebook>` on {date} ({run['platform']}, "
+                    f"{run['device']} shared with other work, load average {load} at the start; transformers {tf})"
+                    for (command, date, load, tf), numbers in by_command.items()]
     entries = [e for card in gpu["cards"].values() for e in card.values()]
     first = entries[0]
     sources.append(f"`e4b-shape`: `{first['command'].replace('CARD_GB=15 ', 'CARD_GB=<card> ')}` on {first['gpu']}, "
