@@ -48,6 +48,15 @@ class HubImportedTooEarlyError(CourseError):
 class DownloadFailedError(CourseError):
     """Every attempt failed."""
 
+    def __init__(self, message: str, attempt_errors=()):
+        super().__init__(message)
+        self.attempt_errors = list(attempt_errors)  # one line per failed attempt
+
+    @property
+    def never_reached(self) -> bool:
+        """No attempt reached the server at all (offline, or a wrong HF_ENDPOINT)."""
+        return bool(self.attempt_errors) and all("LocalEntryNotFoundError" in line for line in self.attempt_errors)
+
     entry = "a-download-that-keeps-failing-or-stalls"
 
 
@@ -242,7 +251,7 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
             sleep(min(max_wait_s, first_wait_s * 2 ** (attempt - 1)))
     raise DownloadFailedError(
         f"{repo_id} did not download in {max_attempts} attempts (last: {errors[-1]}); finished files are kept and any "
-        f"that failed verification deleted: run it again, or check HF_ENDPOINT."
+        f"that failed verification deleted: run it again, or check HF_ENDPOINT.", errors
     )
 
 

@@ -23,7 +23,10 @@ class CourseError(Exception):
         return links.troubleshooting(self.entry)
 
     def __str__(self) -> str:
-        return f"{self.sentence} (help: {self.help_url})"
+        # the link goes inside the sentence, before its full stop, so the message stays one sentence
+        sentence = self.sentence
+        body, stop = (sentence[:-1], ".") if sentence.endswith(".") else (sentence, "")
+        return f"{body} (help: {self.help_url}){stop}"
 
 
 class ModelNotFoundError(CourseError):

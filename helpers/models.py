@@ -84,8 +84,17 @@ def _download(repo_id: str) -> Path:
         if explained is None:
             raise
         raise explained from None
-    # a few attempts, not the 20 of notebook 01: a learner without a network hears so within a minute
-    return course_download.download(repo_id, course_download.course_folder(repo_id), max_attempts=5).path
+    folder = course_download.course_folder(repo_id)
+    try:
+        return course_download.download(repo_id, folder, max_attempts=1).path
+    except course_download.DownloadFailedError as first:
+        if first.never_reached:  # offline or a wrong endpoint: say so now rather than after minutes of retries
+            raise ModelNotFoundError(
+                f"Cannot reach the hub to fetch {repo_id} and it is not downloaded yet: connect, set HF_ENDPOINT to a "
+                f"mirror (with HF_HUB_DISABLE_XET=1), run notebook 01, or use a synthetic model such as GEMMA_MODEL=tiny."
+            ) from None
+    # it started: a few more attempts continue it (notebook 01's download.download tries 20 times)
+    return course_download.download(repo_id, folder, max_attempts=5).path
 
 
 def resolve(source: Source = None) -> Path:

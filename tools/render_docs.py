@@ -210,7 +210,7 @@ def main(argv) -> int:
     fresh = render()
     if "--check" in argv:
         if not GUIDE.is_file() or GUIDE.read_text() != fresh:
-            print(f"{GUIDE.relative_to(ROOT)} is out of date with data/: run python tools/render_docs.py")
+            print(f"{GUIDE} is out of date with data/: run python tools/render_docs.py")
             return 1
         return 0
     GUIDE.parent.mkdir(parents=True, exist_ok=True)
