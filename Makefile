@@ -19,7 +19,7 @@ LLAMA_CPP_SDIST := $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
 LLAMA_CPP_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
 export LLAMA_CPP_SOURCE := $(CURDIR)/$(LLAMA_CPP_DIR)/llama.cpp
 
-.PHONY: bench install lint llama-cpp test test-mutations test-cpu test-notebooks test-matrix test-colab classroom-load docs test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
+.PHONY: bench install lint llama-cpp test test-mutations test-cpu test-notebooks test-matrix test-colab classroom-load browser-check docs test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
 
 $(VENV)/.installed: requirements.txt requirements-local.txt requirements-dev.txt pyproject.toml helpers/course.py
 	@# the same set-up as `python -m helpers.course setup --dev` from PowerShell: a CUDA torch where nvidia-smi
@@ -128,6 +128,12 @@ test-colab: install
 CLASSROOM_ARGS ?= e2b-shape --clients 20 --resume-every 5 --control --record
 classroom-load: install
 	$(PY) -m helpers.classroom load $(CLASSROOM_ARGS)
+
+## make browser-check: JupyterLab in headless Chromium runs notebooks 00, 04 and 06 (Debian: apt-get install chromium);
+## screenshots and a summary in build/browser/ (minutes; not part of make test)
+browser-check: install
+	$(PY) -m pip install -q playwright
+	$(PY) tools/browser_check.py $(BROWSER_NOTEBOOKS)
 
 ## make docs: the README's results, the instructor guide's timings and the figures, rendered from data/
 docs: install
