@@ -3,7 +3,6 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-CPU_TORCH := torch==2.13.0
 # transformers releases the CPU tier also runs on, besides the one requirements.txt installs:
 # the first without transformers#45242, and the one on the course's GPU image.
 TRANSFORMERS_MATRIX ?= 5.5.2 5.17.0
@@ -20,16 +19,12 @@ LLAMA_CPP_SDIST := $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
 LLAMA_CPP_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
 export LLAMA_CPP_SOURCE := $(CURDIR)/$(LLAMA_CPP_DIR)/llama.cpp
 
-.PHONY: bench install lint llama-cpp test test-mutations test-cpu test-notebooks test-matrix test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
+.PHONY: bench install lint llama-cpp test test-mutations test-cpu test-notebooks test-matrix test-colab classroom-load browser-check docs test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
-	@# On a CUDA machine the venv sees the system's torch and leaves it alone.
-	$(PYTHON) -m venv $(if $(HAS_CUDA),--system-site-packages) $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	@if [ -z "$(HAS_CUDA)" ] && ! $(PY) -c "import torch" 2>/dev/null; then \
-		echo "No CUDA here: installing the CPU build $(CPU_TORCH) first"; $(PY) -m pip install -q $(CPU_TORCH); fi
-	$(PY) -m pip install -q -r requirements-dev.txt
-	$(PY) -m pip install -q --no-deps -e .
+$(VENV)/.installed: requirements.txt requirements-local.txt requirements-dev.txt pyproject.toml helpers/course.py
+	@# the same set-up as `python -m helpers.course setup --dev` from PowerShell: a CUDA torch where nvidia-smi
+	@# finds a GPU (a CUDA torch already in $(PYTHON) is lent to the venv), else the CPU build first
+	$(PYTHON) -m helpers.course setup --dev
 	touch $@
 
 install: $(VENV)/.installed
@@ -51,7 +46,7 @@ $(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON): $(VENV)/.installed
 	touch $@
 
 ## make test: every tier this machine can run
-test: install lint llama-cpp test-cpu test-notebooks test-matrix test-mutations
+test: install lint llama-cpp test-cpu test-notebooks test-matrix test-mutations test-colab
 	@if [ -n "$(HAS_CUDA)" ]; then $(MAKE) --no-print-directory test-gpu PYTHON_GPU=$(PY); fi
 
 lint: install
@@ -122,7 +117,28 @@ course: install
 	$(PY) tools/run_course.py $(NOTEBOOKS)
 
 lab: install
-	$(VENV)/bin/jupyter lab notebooks/
+	$(PY) -m helpers.course lab
+
+## make test-colab: a fresh venv with Colab's versions (tools/colab-versions.txt), the notebooks' install cell run in it,
+## then part of the CPU tier there (a few minutes; packages come from pip's cache after the first run)
+test-colab: install
+	COURSE_COLAB_VENV=1 $(PY) -m pytest tests/test_colab_versions.py -ra -p no:cacheprovider
+
+## make classroom-load: 20 learners download e2b-shape (10 GB) from the classroom mirror at once (minutes; data/classroom/)
+CLASSROOM_ARGS ?= e2b-shape --clients 20 --resume-every 5 --control --record
+classroom-load: install
+	$(PY) -m helpers.classroom load $(CLASSROOM_ARGS)
+
+## make browser-check: JupyterLab in headless Chromium runs notebooks 00, 04 and 06 (Debian: apt-get install chromium);
+## screenshots and a summary in build/browser/ (minutes; not part of make test)
+browser-check: install
+	$(PY) -m pip install -q playwright
+	$(PY) tools/browser_check.py $(BROWSER_NOTEBOOKS)
+
+## make docs: the README's results, the instructor guide's timings and the figures, rendered from data/
+docs: install
+	$(PY) tools/render_results.py
+	$(PY) tools/render_docs.py
 
 ## make bench PRESET=quick|memory|cards|speed|long-context|long-context-8gb|long-context-cards|decode-speed|
 ## decode-speed-inductor|decode-speed-more|decode-speed-e2b: the benchmark on a GPU (records under data/measurements/)

@@ -2,7 +2,9 @@
 
 Imports point down this list, never up:
 
+    links                          the course's addresses: repository, Colab links, troubleshooting entries
     errors, paths, noise           the exception family; where files live; expected messages, silenced
+    course                         set-up without make (setup, test, lab; a CUDA torch), Colab's install cell, the Drive cache
     cards, host_memory, checksums  the learners' cards (and simulating one); host RAM; sha256 and git blob ids of files
     synthetic, download            random-weight checkpoints of the real shapes; downloading with retries, verified
     models                         where a checkpoint comes from: hub id, folder or synthetic name; its config
@@ -13,9 +15,11 @@ Imports point down this list, never up:
     records                        readers of the recorded results (data/measurements, gpu-tier, gguf, chat)
     planner                        predict / fits: memory before loading, from a config and the records
     anatomy, charts, environment   module trees, plots, the setup check
-    mirror, faults                 a classroom mirror (olah behind a guarding front); a fault-injecting proxy
+    mirror, faults                 a classroom mirror (files streamed from disk, olah behind a guarding front); a fault-injecting proxy
+    classroom                      a room of learners downloading from the mirror at once: the load test
     measure, bench                 the GPU runners: one route in a fresh process; the benchmark grid
     chat, gguf_route               chatting through the chat template with streaming and a stop button; the llama.cpp route
+    exercises                      the exercises that end each notebook and the checker of each answer
 """
 
 __version__ = "0.1.0"

@@ -45,10 +45,11 @@ def tree(model, max_depth: int = 2, root: str = "") -> Tree:
         depth = name.count(".") + 1 if name else 0
         if depth > max_depth:
             continue
-        label = full.rsplit(".", 1)[-1] if full else type(model).__name__
         children = sum(1 for _ in module.children())
         more = f"  ({children} children)" if depth == max_depth and children else ""
-        lines.append(f"{'    ' * depth}{label}: {type(module).__name__}  {human_bytes(sizes.get(full, 0))}{more}")
+        # the root has no attribute name: its class alone (not "Gemma4ForConditionalGeneration: Gemma4ForConditionalGeneration")
+        named = f"{full.rsplit('.', 1)[-1]}: " if full else ""
+        lines.append(f"{'    ' * depth}{named}{type(module).__name__}  {human_bytes(sizes.get(full, 0))}{more}")
     return Tree(lines)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import CourseError
+from .errors import SimulatedCardError
 
 # what the planner's card table answers for (GB the allocator may use)
 CARDS = {"RTX 4060 (8 GB)": 8, "12 GB": 12, "Colab T4 (15 GB)": 15, "16 GB laptop": 16, "24 GB": 24}
@@ -31,9 +31,9 @@ def requested_card_gb(card_gb=None) -> float | None:
     try:
         gb = float(value)
     except (TypeError, ValueError):
-        raise CourseError(f"CARD_GB={value!r} is not a number of gigabytes: use e.g. CARD_GB=8 for an RTX 4060.") from None
+        raise SimulatedCardError(f"CARD_GB={value!r} is not a number of gigabytes: use e.g. CARD_GB=8 for an RTX 4060.") from None
     if not 1 <= gb <= 1000:
-        raise CourseError(f"CARD_GB={value!r} is not a card size: use the card's memory in GB, e.g. 8, 15 or 16.")
+        raise SimulatedCardError(f"CARD_GB={value!r} is not a card size: use the card's memory in GB, e.g. 8, 15 or 16.")
     return gb
 
 
@@ -47,7 +47,7 @@ def simulate(card_gb=None, device=0) -> float | None:
         return None
     total = torch.cuda.get_device_properties(device).total_memory
     if gb * 1e9 > total:
-        raise CourseError(f"This GPU has {total / 1e9:.1f} GB, less than the {gb:g} GB card asked for: "
+        raise SimulatedCardError(f"This GPU has {total / 1e9:.1f} GB, less than the {gb:g} GB card asked for: "
                           f"simulate a smaller card or unset CARD_GB.")
     torch.cuda.set_per_process_memory_fraction(gb * 1e9 / total, device)
     return gb

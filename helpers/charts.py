@@ -97,10 +97,13 @@ def peak_vs_context(records: list, ax=None, planner=None):
         label = f"{c['model']} {c['quant']}, PLE on {c['ple']}"
         x = [p["context"] for p in points]
         line, = ax.plot(x, [p["peak_bytes"] / 1e9 for p in points], "-", marker="o" if c["ple"] == "cpu" else "s",
-                        markersize=4, label=label, color=colors.get((c["model"], c["quant"])))
+                        markersize=4, label=label, color=colors.get((c["model"], c["quant"])), alpha=0.55, linewidth=2.5,
+                        zorder=2, gid="measured")
         colors[(c["model"], c["quant"])] = line.get_color()
         if planner is not None:
-            ax.plot(x, [planner(c["model"], c["quant"], c["ple"], n) / 1e9 for n in x], ":", color=line.get_color(), linewidth=1)
+            # on top of the measured line, thin and dark-edged, so it shows where the two agree (which is most places)
+            ax.plot(x, [planner(c["model"], c["quant"], c["ple"], n) / 1e9 for n in x], linestyle=(0, (1, 1.5)),
+                    color=line.get_color(), linewidth=1.6, zorder=3, path_effects=[_outline()], gid="planner")
     for card in SIMULATED_CARDS_GB:
         ax.axhline(card, color="grey", linewidth=0.6, linestyle="--")
         ax.text(0.01, card, f"{card} GB card", transform=ax.get_yaxis_transform(), fontsize=7, color="grey", va="bottom")
@@ -108,10 +111,21 @@ def peak_vs_context(records: list, ax=None, planner=None):
     ax.set_xlabel("prefill length (tokens)")
     ax.set_ylabel("peak GPU memory (GB)")
     any_record = records[0]
-    ax.set_title(f"Peak memory vs context on {any_record['gpu']} (recorded {any_record['date']})"
-                 + ("; dotted: planner" if planner else ""), fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(f"Peak memory vs context on {any_record['gpu']} (recorded {any_record['date']})", fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
+    if planner is not None:
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], color="black", linestyle=(0, (1, 1.5)), linewidth=1.6))
+        labels.append("planner's prediction (dotted, same colour)")
+    ax.legend(handles, labels, fontsize=7, ncol=2)
     return ax
+
+
+def _outline():
+    from matplotlib import patheffects
+
+    return patheffects.withStroke(linewidth=2.8, foreground="white")
 
 
 def card_fits(records: list, ax=None, planner=None):
@@ -128,12 +142,15 @@ def card_fits(records: list, ax=None, planner=None):
     labels = [f"{r['configuration']['model']}, {r['configuration']['card_gb']:g} GB, PLE on {r['configuration']['ple']}" for r in rows]
     values = [r.get("max_context") or 0 for r in rows]
     y = np.arange(len(rows))
-    bars = ax.barh(y, values, color=["tab:orange" if r["configuration"]["ple"] == "gpu" else "tab:blue" for r in rows])
+    bars = ax.barh(y, values, height=0.55, color=["tab:orange" if r["configuration"]["ple"] == "gpu" else "tab:blue" for r in rows])
     ax.bar_label(bars, labels=[f"{v:,}" if v else "does not load" for v in values], fontsize=7, padding=3)
     if planner is not None:
         predicted = [planner(r["configuration"]["model"], r["configuration"]["quant"], r["configuration"]["ple"],
-                             r["configuration"]["card_gb"]) or 0 for r in rows]
-        ax.scatter(predicted, y, marker="|", s=300, color="black", label="planner", zorder=3)
+                             r["configuration"]["card_gb"]) for r in rows]
+        shown = [(value, row) for value, row in zip(predicted, y) if value]  # "does not load" has nothing to mark
+        # a small triangle above each bar, in the gap between bars, where no value label sits
+        ax.scatter([v for v, _ in shown], [row + 0.4 for _, row in shown], marker="v", s=28, color="black",
+                   label="planner's expected largest context", zorder=3)
         ax.legend(fontsize=8, loc="lower right")
     ax.set_yticks(y, labels, fontsize=8)
     ax.set_xlabel("largest prompt that prefills and decodes (tokens)")

@@ -21,7 +21,14 @@ import transformers
 from transformers import ProcessorMixin, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
 from . import loading
-from .errors import ChatMessageError, CourseError, InsufficientGPUMemoryError, require_choice
+from .errors import (
+    ChatMessageError,
+    ChatTemplateError,
+    InsufficientGPUMemoryError,
+    InvalidChoiceError,
+    ReplyInProgressError,
+    require_choice,
+)
 from .placement import compute_device_of
 
 ROLES = ("system", "user", "assistant")
@@ -156,7 +163,7 @@ def plain_string_outcome(processor) -> str:
 def template_source(processor, chat_template: str | None = None) -> str:
     source = chat_template if chat_template is not None else getattr(processor, "chat_template", None)
     if not source:
-        raise CourseError("This processor carries no chat template: pass chat_template=... (the text of a .jinja file).")
+        raise ChatTemplateError("This processor carries no chat template: pass chat_template=... (the text of a .jinja file).")
     return source
 
 
@@ -212,11 +219,11 @@ class Sampling:
 
     def __post_init__(self):
         if self.temperature is not None and not self.temperature > 0:
-            raise CourseError(f"temperature={self.temperature} must be above 0: use Sampling.greedy() for the likeliest token.")
+            raise InvalidChoiceError(f"temperature={self.temperature} must be above 0: use Sampling.greedy() for the likeliest token.")
         if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise CourseError(f"top_p={self.top_p} must be in (0, 1]: 1 keeps every token, 0.9 the likeliest 90%.")
+            raise InvalidChoiceError(f"top_p={self.top_p} must be in (0, 1]: 1 keeps every token, 0.9 the likeliest 90%.")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise CourseError(f"top_k={self.top_k!r} must be a whole number of at least 1.")
+            raise InvalidChoiceError(f"top_k={self.top_k!r} must be a whole number of at least 1.")
 
     @classmethod
     def greedy(cls) -> Sampling:
@@ -315,7 +322,7 @@ class Turn:
 
     def wait(self, timeout: float | None = None) -> Reply:
         if not self._done.wait(timeout):
-            raise CourseError(f"The reply is still being written after {timeout} s: press Stop, or wait longer.")
+            raise ReplyInProgressError(f"The reply is still being written after {timeout} s: press Stop, or wait longer.")
         if self._error is not None:
             raise self._error
         return self._reply
@@ -363,7 +370,7 @@ class Chat:
 
     def _with(self, content) -> list:
         if self._current is not None and not self._current.done:
-            raise CourseError("The previous reply is still being written: press its Stop button or call turn.wait() first.")
+            raise ReplyInProgressError("The previous reply is still being written: press its Stop button or call turn.wait() first.")
         message = {"role": "user", "content": content}
         return check_messages([*self.history, message], plain_strings=self.plain_strings)
 
@@ -377,7 +384,7 @@ class Chat:
         messages = self._with(content)
         if not isinstance(self.processor, ProcessorMixin) and any(
                 part["type"] != "text" for part in messages[-1]["content"]):
-            raise CourseError("Images, audio and video need Gemma 4's full processor, which needs torchvision: "
+            raise ChatMessageError("Images, audio and video need Gemma 4's full processor, which needs torchvision: "
                               "pip install torchvision (matching your torch), then load the processor again.")
         prompt = render(self.processor, messages, enable_thinking=self.enable_thinking,
                         chat_template=self.chat_template, plain_strings=self.plain_strings)
@@ -444,7 +451,7 @@ def _on_device(inputs, model) -> dict:
 
 def _check_new_tokens(value) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise CourseError(f"max_new_tokens={value!r} must be a whole number of at least 1.")
+        raise InvalidChoiceError(f"max_new_tokens={value!r} must be a whole number of at least 1.")
     return value
 
 

@@ -14,6 +14,7 @@ A hub token goes to the Hub only: to any other endpoint (a classroom mirror) the
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import sys
@@ -25,9 +26,12 @@ from urllib.parse import urlsplit
 from . import checksums
 from .checksums import git_blob_sha1, sha256  # noqa: F401 - the names notebooks and the mirror use
 from .errors import CourseError, InvalidChoiceError, ModelNotFoundError, require_whole_number
-from .paths import writable_folder
+from .paths import cache_dir, writable_folder
 
 REAL_MODEL = "google/gemma-4-E4B-it"
+# written into <local_dir>/.cache (beside huggingface_hub's own records) once every file matched the server's hashes:
+# what lets models.resolve use a download without asking the network again
+VERIFIED_RECORD = "course-verified.json"
 HUB_HOST = "huggingface.co"
 # What the course needs from google/gemma-4-E4B-it: weights, configs, tokenizer and chat template.
 COURSE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt"]
@@ -38,17 +42,34 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 class HubImportedTooEarlyError(CourseError):
     """HF_ENDPOINT / HF_HUB_DISABLE_XET set after huggingface_hub had already read them."""
 
+    entry = "huggingface_hub-was-imported-before-hf_endpoint-was-set"
+
 
 class DownloadFailedError(CourseError):
     """Every attempt failed."""
+
+    def __init__(self, message: str, attempt_errors=()):
+        super().__init__(message)
+        self.attempt_errors = list(attempt_errors)  # one line per failed attempt
+
+    @property
+    def never_reached(self) -> bool:
+        """No attempt reached the server at all (offline, or a wrong HF_ENDPOINT)."""
+        return bool(self.attempt_errors) and all("LocalEntryNotFoundError" in line for line in self.attempt_errors)
+
+    entry = "a-download-that-keeps-failing-or-stalls"
 
 
 class DiskFullError(CourseError):
     """No space left for the download."""
 
+    entry = "disk-full"
+
 
 class OfflineModeError(CourseError):
     """HF_HUB_OFFLINE forbids the download."""
+
+    entry = "hf_hub_offline-is-set"
 
 
 def is_hub_id(name) -> bool:
@@ -194,6 +215,8 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
         endpoint = require_endpoint(endpoint)
     if constants.HF_HUB_OFFLINE:
         raise OfflineModeError("HF_HUB_OFFLINE=1 is set, so nothing can be downloaded: unset it and restart the kernel.")
+    record = local_dir / ".cache" / VERIFIED_RECORD
+    record.unlink(missing_ok=True)  # until this download is verified, the folder is not one resolve may trust
     errors, refetched = [], []
     for attempt in range(1, max_attempts + 1):
         try:
@@ -201,6 +224,9 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
                                      token=hub_token(endpoint))
             checks = verify(repo_id, local_dir, endpoint=endpoint, allow_patterns=allow_patterns)
             if not checksums.failures(checks):
+                record.parent.mkdir(parents=True, exist_ok=True)
+                record.write_text(json.dumps({"repo_id": repo_id, "endpoint": endpoint or constants.ENDPOINT,
+                                              "allow_patterns": list(allow_patterns), "files": sorted(checks)}, indent=1))
                 return DownloadResult(Path(path), attempt, errors, checks, refetched)
             spoiled = sorted(name for name, status in checks.items() if status == checksums.MISMATCH)
             # missing: huggingface_hub returned the folder as it was (it does when the file list fails)
@@ -225,8 +251,28 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
             sleep(min(max_wait_s, first_wait_s * 2 ** (attempt - 1)))
     raise DownloadFailedError(
         f"{repo_id} did not download in {max_attempts} attempts (last: {errors[-1]}); finished files are kept and any "
-        f"that failed verification deleted: run it again, or check HF_ENDPOINT."
+        f"that failed verification deleted: run it again, or check HF_ENDPOINT.", errors
     )
+
+
+def course_folder(repo_id: str) -> Path:
+    """Where the course downloads ``repo_id`` (notebook 01) and where every later notebook finds it:
+    ``<course cache>/downloads/<owner>--<name>``."""
+    return cache_dir() / "downloads" / require_hub_id(repo_id).replace("/", "--")
+
+
+def verified_download(repo_id: str) -> Path | None:
+    """The course's download of ``repo_id`` if ``download`` finished it with every file verified, else None.
+    Reads local files only: no request leaves the machine."""
+    folder = course_folder(repo_id)
+    record = folder / ".cache" / VERIFIED_RECORD
+    try:
+        recorded = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    if recorded.get("repo_id") != repo_id or not all((folder / name).is_file() for name in recorded.get("files", ())):
+        return None
+    return folder
 
 
 def download_folder(local_dir) -> Path:

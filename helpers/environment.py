@@ -10,12 +10,12 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from .course import fix_cpu_only_torch_command, nvidia_driver
 from .host_memory import total_ram_bytes
 from .paths import REPO_ROOT
 from .planner import host_fits, predict_host
@@ -26,6 +26,9 @@ PLE_TABLE_BYTES = 5.64e9
 MIN_GPU_FREE_BYTES = 5e9  # NF4 with the PLE on the CPU: 3.9 GB of weights plus a prefill
 MIN_RAM_BYTES = 16e9
 COLOURS = {OK: "#1a7f37", WARN: "#9a6700", FAIL: "#cf222e"}
+# The page file at 16-32 GB (MB below): automatic management off first, else Windows keeps its own size.
+PAGE_FILE_FIX = ("Set-CimInstance -Query 'SELECT * FROM Win32_ComputerSystem' -Property @{AutomaticManagedPagefile=$false}; "
+                 "Get-CimInstance Win32_PageFileSetting | Set-CimInstance -Property @{InitialSize=16384; MaximumSize=32768}")
 
 
 @dataclass
@@ -85,6 +88,15 @@ def in_colab() -> bool:
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
+def bf16_is_native(major: int, minor: int = 0) -> bool:
+    """bf16 arithmetic in hardware from compute capability 8.0 (Ampere) on; a T4 (7.5) emulates it."""
+    return (major, minor) >= (8, 0)
+
+
+def on_windows() -> bool:
+    return platform.system() == "Windows"
+
+
 def gb(value: float) -> str:
     return f"{value / 1e9:.1f} GB"
 
@@ -109,6 +121,11 @@ def gpu_checks() -> list:
     import torch
 
     if not torch.cuda.is_available():
+        driver = nvidia_driver()
+        if driver is not None and torch.version.cuda is None:
+            # the Windows trap: `pip install torch` there is the CPU build, so the RTX 4060 sits unused
+            return [Check("GPU", f"an NVIDIA GPU (driver {driver}) but torch {torch.__version__} is a CPU-only build", FAIL,
+                          f"{fix_cpu_only_torch_command(driver, sys.executable)}, then restart the kernel")]
         fix = ("Runtime > Change runtime type > T4 GPU" if in_colab()
                else "the tiny model runs on CPU; the E4B lessons need an NVIDIA GPU and a CUDA build of torch")
         return [Check("GPU", "no CUDA device visible to torch", WARN, fix)]
@@ -121,26 +138,15 @@ def gpu_checks() -> list:
                         "" if free >= MIN_GPU_FREE_BYTES else
                         "close other notebooks or restart the kernel: E4B in NF4 with the PLE on CPU needs about 5 GB"))
     checks.append(Check("CUDA (torch build)", str(torch.version.cuda), OK))
-    driver = _driver_version()
+    driver = nvidia_driver()
     checks.append(Check("NVIDIA driver", driver or "unknown (nvidia-smi not found)", OK if driver else WARN))
-    native_bf16 = props.major >= 8
+    native_bf16 = bf16_is_native(props.major, props.minor)
     checks.append(Check(
         "bf16", "native" if native_bf16 else f"emulated (compute capability {props.major}.{props.minor})",
         OK if native_bf16 else WARN,
         "" if native_bf16 else "on a T4 or older, use bnb_4bit_compute_dtype=torch.float16: bf16 is emulated and slow",
     ))
     return checks
-
-
-def _driver_version() -> str | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def memory_checks(download_dir: Path | None = None) -> list:
@@ -152,13 +158,13 @@ def memory_checks(download_dir: Path | None = None) -> list:
         checks.append(Check("RAM", gb(ram), OK if ram >= MIN_RAM_BYTES else WARN,
                             "" if ram >= MIN_RAM_BYTES else
                             f"with the PLE on the CPU the table alone takes {gb(PLE_TABLE_BYTES)} of RAM"))
-        if platform.system() == "Windows":
+        if on_windows():
             page_file = psutil.swap_memory().total
             enough = page_file >= FULL_CHECKPOINT_BYTES
             checks.append(Check(
                 "Windows page file", gb(page_file), OK if enough else FAIL,
-                "" if enough else "raise it to 16-32 GB (System > Advanced > Virtual memory) and reboot, or "
-                "`os error 1455` stops safetensors from mapping the 16 GB checkpoint",
+                "" if enough else f"in PowerShell as administrator: {PAGE_FILE_FIX}, then reboot; without it "
+                "loading fails with `os error 1455` (the paging file is too small)",
             ))
     except ImportError:
         checks.append(Check("RAM", "unknown (pip install psutil)", WARN))

@@ -1,47 +1,86 @@
-"""One exception family for the course: every message is one sentence that names the fix."""
+"""One exception family for the course: every message is one sentence that names the fix, followed by
+the link to its entry in docs/troubleshooting.md (``entry``: the heading's anchor; tests/test_troubleshooting.py
+checks that every class has one and that it resolves)."""
 
 import math
 import numbers
 
+from . import links
+
 
 class CourseError(Exception):
-    """Base class. ``str(err)`` is the whole message a learner needs."""
+    """Base class. ``str(err)`` is the whole message a learner needs, then where to read more."""
+
+    entry = "every-course-error-is-one-sentence"
+
+    @property
+    def sentence(self) -> str:
+        """The message without its link."""
+        return super().__str__()
+
+    @property
+    def help_url(self) -> str:
+        return links.troubleshooting(self.entry)
+
+    def __str__(self) -> str:
+        # the link goes inside the sentence, before its full stop, so the message stays one sentence
+        sentence = self.sentence
+        body, stop = (sentence[:-1], ".") if sentence.endswith(".") else (sentence, "")
+        return f"{body} (help: {self.help_url}){stop}"
 
 
 class ModelNotFoundError(CourseError):
     """A path that does not exist or a hub id that cannot be fetched."""
 
+    entry = "model-not-found-or-gated"
+
 
 class NotAGemma4CheckpointError(CourseError):
     """A folder that holds no Gemma 4 checkpoint."""
+
+    entry = "not-a-gemma-4-checkpoint"
 
 
 class NoPLETableError(CourseError):
     """``ple="cpu"`` asked of a model without ``embed_tokens_per_layer``."""
 
+    entry = "no-ple-table"
+
 
 class DeviceMapKeyError(CourseError):
     """A device-map key that matches no module (transformers ignores these silently)."""
+
+    entry = "a-device-map-key-that-matches-no-module"
 
 
 class CudaUnavailableError(CourseError):
     """CUDA asked for on a machine that has none."""
 
+    entry = "no-cuda-cpu-only-torch"
+
 
 class BitsandbytesMissingError(CourseError):
     """A quantization that needs bitsandbytes, which is not installed."""
+
+    entry = "bitsandbytes-missing"
 
 
 class InsufficientGPUMemoryError(CourseError):
     """The chosen placement does not fit on the card."""
 
+    entry = "out-of-memory-at-load"
+
 
 class OutdatedTransformersError(CourseError):
     """A transformers release without Gemma 4."""
 
+    entry = "transformers-too-old"
+
 
 class InvalidChoiceError(CourseError):
     """An argument outside the choices the course supports."""
+
+    entry = "an-argument-the-course-does-not-support"
 
 
 def require_choice(value, allowed, what: str):
@@ -54,9 +93,13 @@ def require_choice(value, allowed, what: str):
 class CorruptCheckpointError(CourseError):
     """A weights file that is truncated, garbled or differs from its recorded checksum."""
 
+    entry = "truncated-or-corrupt-checkpoint"
+
 
 class UnwritableFolderError(CourseError):
     """A folder the course must write to (its cache, a build, a download) that it cannot write."""
+
+    entry = "a-folder-the-course-cannot-write"
 
 
 def require_bool(value, what: str) -> bool:
@@ -98,6 +141,34 @@ def require_positive_number(value, what: str) -> float:
 class ChatMessageError(CourseError):
     """A chat message the processor would reject or read wrongly."""
 
+    entry = "string-indices-must-be-integers-plain-string-content"
+
 
 class LlamaCppMissingError(CourseError):
     """The llama.cpp route asked for without llama-cpp-python, gguf or llama.cpp's converter."""
+
+    entry = "llamacpp-missing"
+
+
+class SimulatedCardError(CourseError):
+    """A ``CARD_GB`` that is not a card this GPU can stand in for."""
+
+    entry = "card_gb-is-not-a-card-size"
+
+
+class ChatTemplateError(CourseError):
+    """A chat the template or processor cannot render."""
+
+    entry = "template-errors"
+
+
+class ReplyInProgressError(CourseError):
+    """A chat asked for a new turn while the last reply is still streaming."""
+
+    entry = "the-previous-reply-is-still-being-written"
+
+
+class LlamaCppRouteError(CourseError):
+    """llama.cpp's converter, quantizer or file reader refused a checkpoint."""
+
+    entry = "llamacpp-refused-a-checkpoint"

@@ -89,6 +89,19 @@ class FaultyProxy(Service):
         with self._lock:
             self.plan.insert(0, fault)
 
+    async def _answer_without_upstream(self, writer, fault: str) -> None:
+        if fault == "reset":
+            _reset(writer)
+            return
+        if fault == "html":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                         % len(CAPTIVE_PORTAL) + CAPTIVE_PORTAL)
+        else:
+            retry_after = b"Retry-After: 1\r\n" if fault == "rate_limit" else b""
+            writer.write(STATUS_LINES[fault] + b"\r\nContent-Length: 0\r\n" + retry_after + b"Connection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
     async def _handle(self, reader, writer):
         try:
             head = await reader.readuntil(b"\r\n\r\n")

@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 from . import loading, models
-from .errors import CourseError, LlamaCppMissingError, require_choice
+from .errors import LlamaCppMissingError, LlamaCppRouteError, require_choice
 from .measure import prompt_ids
 from .paths import GGUF_DIR, cache_dir
 from .placement import compute_device_of
@@ -94,7 +94,8 @@ def extract_converter(sdist: Path, dest: Path) -> Path:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(archive.extractfile(member).read())
         if not _has_converter(staging):
-            raise CourseError(f"{sdist} holds no vendor/llama.cpp/{CONVERTER}: use llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}'s sdist.")
+            raise LlamaCppRouteError(
+                f"{sdist} holds no vendor/llama.cpp/{CONVERTER}: use llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}'s sdist.")
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(staging, dest)
@@ -135,7 +136,7 @@ def convert(checkpoint, outfile, outtype: str = "bf16") -> dict:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:]
-        raise CourseError(f"llama.cpp's converter refused {checkpoint}: {last[0] if last else 'no message'} "
+        raise LlamaCppRouteError(f"llama.cpp's converter refused {checkpoint}: {last[0] if last else 'no message'} "
                           f"(run `{' '.join(command)}` to see the whole log).")
     return {"path": outfile, "bytes": outfile.stat().st_size, "seconds": time.perf_counter() - started,
             "command": f"python {CONVERTER} CHECKPOINT --outfile {outfile.name} --outtype {outtype}"}
@@ -154,7 +155,7 @@ def quantize(source, dest, kind: str = "Q4_K_M", threads: int | None = None) -> 
     with _captured_logs():
         status = llama_cpp.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params))
     if status != 0:
-        raise CourseError(f"llama_model_quantize returned {status} for {source}: check that it is a GGUF file in bf16, f16 or f32.")
+        raise LlamaCppRouteError(f"llama_model_quantize returned {status} for {source}: check that it is a GGUF file in bf16, f16 or f32.")
     return {"path": Path(dest), "bytes": Path(dest).stat().st_size, "seconds": time.perf_counter() - started}
 
 
@@ -225,7 +226,7 @@ def tensor(path, name: str = PLE_TENSOR) -> dict:
     for entry in tensors(path):
         if entry["name"] == name:
             return entry
-    raise CourseError(f"{path} has no tensor {name!r}: is it a Gemma 4 (E2B/E4B) GGUF?")
+    raise LlamaCppRouteError(f"{path} has no tensor {name!r}: is it a Gemma 4 (E2B/E4B) GGUF?")
 
 
 def bytes_by_type(path) -> dict:
@@ -370,7 +371,7 @@ def check_kv_sharing_order(path) -> None:
         return
     first = len(pattern) - int(shared)
     if first < 2 or pattern[first - 1] or not pattern[first - 2]:
-        raise CourseError(
+        raise LlamaCppRouteError(
             f"{Path(path).name}: its layer {first - 1} (the last before the KV-shared layers) must be full attention and "
             f"layer {first - 2} sliding, as in Gemma 4 E2B/E4B; llama.cpp would abort the Python process on this file: "
             f"rebuild the synthetic checkpoint with the course's current configs.")

@@ -9,6 +9,7 @@ from ``/proc/self/status`` on Linux; elsewhere only the total resident size is k
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +32,19 @@ def current() -> dict:
     import psutil
 
     return {"rss_bytes": psutil.Process().memory_info().rss}
+
+
+def peak_rss_bytes() -> int:
+    """The largest resident size this process has had: ``getrusage`` where it exists, the peak working set on
+    Windows (which has no ``resource`` module)."""
+    if os.name != "nt":
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux kilobytes
+    import psutil
+
+    return psutil.Process().memory_info().peak_wset
 
 
 def total_ram_bytes() -> int:

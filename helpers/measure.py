@@ -37,7 +37,6 @@ import contextlib
 import hashlib
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -46,7 +45,7 @@ import torch
 
 from . import cards, decoding, loading, models, placement, quantization
 from .errors import CourseError
-from .host_memory import PeakSampler
+from .host_memory import PeakSampler, peak_rss_bytes
 from .long_context import DEFAULT_CHUNK, LongContext
 from .planner import PATHS, decode_bytes_per_token, largest_true
 from .records import environment
@@ -320,7 +319,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
             record["max_context"] = largest_true(
                 512, limit, lambda context: fits_context(model, tokenizer, context, device, settings=settings))
             record["max_context_limit"] = limit
-    record["host_process_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    record["host_process_peak_bytes"] = peak_rss_bytes()
     return record
 
 

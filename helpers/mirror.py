@@ -8,12 +8,16 @@ Learners then set ``HF_ENDPOINT=http://<instructor-ip>:8090``, ``HF_HUB_DISABLE_
 ``HF_HUB_DISABLE_IMPLICIT_TOKEN=1``, and ``hf download google/gemma-4-E4B-it`` pulls from the room
 instead of the internet.
 
-olah listens on loopback only. In front of it sits a small relay of our own (``Front``), the only
-thing the network can reach: it passes on the Hub's revision, file-list and file requests for the
-served repository, streaming, and refuses everything else before olah sees it: other paths
-(``/docs``, olah's ``/repos/...``), ``..`` and percent-encoded dots, unknown organisations and
-repositories, other methods, and requests that carry a hub token (a token has no business on a
-mirror that sends plain HTTP across a shared network).
+olah listens on loopback only. In front of it sits a small server of our own (``Front``), the only
+thing the network can reach. It answers the file requests (``/<repo>/resolve/<rev>/<file>``) itself,
+straight from the served snapshot on disk: ``sendfile`` from the page cache, never a whole file in
+memory, with ``Range`` requests answered by the missing bytes (206), so twenty learners pulling the
+same 2 GB shard cost the server no more RAM than one, and an interrupted file resumes. olah 0.5.4's
+offline mode would read each whole file into memory per request and answer a ``Range`` with the
+whole file. The revision and file-list requests (small JSON) are relayed to olah. Everything else is
+refused before olah sees it: other paths (``/docs``, olah's ``/repos/...``), ``..`` and
+percent-encoded dots, unknown organisations and repositories, other methods, and requests that
+carry a hub token (a token has no business on a mirror that sends plain HTTP across a shared network).
 
 olah runs in a virtual environment of its own: its dependencies (fastapi-utils pins
 psutil<6) conflict with Jupyter's.
@@ -26,6 +30,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -37,12 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from .checksums import sha256
+from .checksums import git_blob_sha1, sha256
 from .download import is_hub_id
 from .errors import CourseError
-from .paths import cache_subfolder, writable_folder
+from .paths import cache_subfolder, venv_python, writable_folder
 
 OLAH_VERSION = "0.5.4"
+OLAH_ENTRY = "from olah.server import cli; cli()"
+OLAH_INSTALLED = "course-olah-installed"  # written last: a venv without it was interrupted mid-install
 LFS_THRESHOLD_BYTES = 1024 * 1024  # files above this are stored as git-lfs objects, as on the Hub
 LFS_POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
 LOOPBACK = "127.0.0.1"
@@ -54,6 +61,8 @@ LEARNER_SETTINGS = "HF_HUB_DISABLE_XET=1 HF_HUB_DISABLE_IMPLICIT_TOKEN=1"
 
 class MirrorError(CourseError):
     """The mirror could not be prepared or started."""
+
+    entry = "the-classroom-mirror-does-not-start"
 
 
 def olah_home() -> Path:
@@ -67,22 +76,27 @@ def olah_command() -> list:
     import importlib.util
 
     if importlib.util.find_spec("olah") is not None:
-        return [sys.executable, "-c", "from olah.server import cli; cli()"]
+        return [sys.executable, "-c", OLAH_ENTRY]
     home = olah_home()
-    python = home / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    cli = python.parent / "olah-cli"
-    if not cli.exists():
+    if not olah_installed(home):
         _install_olah_venv(home)
-    # the venv was built elsewhere and renamed, so run its script through its python, not its shebang
-    return [str(python), str(cli)]
+    # olah's entry point through the venv's python, not its script: the script is `olah-cli` under bin/ but
+    # `olah-cli.exe` under Scripts\ on Windows, and a venv built aside and renamed has a stale shebang
+    return [str(venv_python(home)), "-c", OLAH_ENTRY]
+
+
+def olah_installed(home: Path) -> bool:
+    """The marker this module writes last, or (venvs installed before the marker existed) olah's own script,
+    which pip writes after the package."""
+    return any((home / name).is_file() for name in (OLAH_INSTALLED, "bin/olah-cli", "Scripts/olah-cli.exe"))
 
 
 def _install_olah_venv(home: Path) -> None:
     staging = home.with_name(f".{home.name}.partial-{uuid.uuid4().hex[:8]}")
     try:
         subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True)
-        python = staging / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-        subprocess.run([str(python), "-m", "pip", "install", "-q", f"olah=={OLAH_VERSION}"], check=True)
+        subprocess.run([str(venv_python(staging)), "-m", "pip", "install", "-q", f"olah=={OLAH_VERSION}"], check=True)
+        (staging / OLAH_INSTALLED).write_text(OLAH_VERSION)
     except subprocess.CalledProcessError as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise MirrorError(f"Could not install olah {OLAH_VERSION} into {home} ({err}); check your connection to PyPI.") from None
@@ -190,6 +204,48 @@ def _lay_out(model_dir: Path, repo: Path, record: dict) -> None:
     (repo / ".git" / SOURCE_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
 
 
+@dataclass(frozen=True)
+class ServedFile:
+    """One file of the served snapshot: where its bytes lie on disk and what the Hub would say about it."""
+
+    path: Path  # the work tree's copy, or the git-lfs object (a hard link to the source where possible)
+    size: int
+    etag: str  # the Hub's ETag: sha256 for an LFS file, the git blob id otherwise
+    lfs: bool
+
+
+def served_files(repository: Path) -> dict:
+    """``{relative path: ServedFile}`` for a repository laid out by ``prepare_repository``."""
+    record = json.loads((repository / ".git" / SOURCE_RECORD).read_text())
+    files = {}
+    for relative, oid in record["files"].items():
+        obj = repository / ".git" / "lfs" / "objects" / oid[:2] / oid[2:4] / oid
+        if obj.is_file() and (repository / relative).stat().st_size < obj.stat().st_size:
+            files[relative] = ServedFile(obj, obj.stat().st_size, oid, True)
+        else:
+            path = repository / relative
+            files[relative] = ServedFile(path, path.stat().st_size, git_blob_sha1(path), False)
+    return files
+
+
+def byte_range(value: str | None, size: int) -> tuple | None:
+    """``(first, last)`` for a single ``Range: bytes=...`` header; None to send the whole file (no header,
+    several ranges, or one that does not parse, as RFC 9110 allows); ValueError when it starts past the end."""
+    if not value or not value.startswith("bytes=") or "," in value:
+        return None
+    first, dash, last = value[len("bytes="):].strip().partition("-")
+    if not dash or not (first or last) or not (first.isdigit() or not first) or not (last.isdigit() or not last):
+        return None
+    if not first:  # bytes=-N: the last N bytes
+        if int(last) == 0:
+            raise ValueError(value)
+        return max(0, size - int(last)), size - 1
+    start, end = int(first), min(int(last), size - 1) if last else size - 1
+    if start >= size or start > end:
+        raise ValueError(value)
+    return start, end
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((LOOPBACK, 0))
@@ -275,13 +331,18 @@ def refusal(method: str, target: str, headers: list, repos: set) -> Refusal | No
 
 
 class Front:
-    """The relay the network reaches: ``refusal`` decides, allowed requests stream on to olah."""
+    """What the network reaches: ``refusal`` decides; the served files are sent from disk, the rest is relayed to olah.
 
-    def __init__(self, host: str, port: int, repos: set):
+    ``files`` is ``{repo_id: {relative path: ServedFile}}`` and ``revisions`` the names the snapshot answers to
+    (``main`` and its commit); a file request for anything else goes on to olah, which answers it as the Hub would."""
+
+    def __init__(self, host: str, port: int, repos: set, files: dict | None = None, revisions=(), commit: str = ""):
         self.host, self.port, self.repos = host, port, set(repos)
+        self.files, self.revisions, self.commit = files or {}, set(revisions), commit
         self.upstream_port = None
         self.refused: Counter = Counter()  # reason -> requests refused
         self.relayed = 0
+        self.sent_from_disk: Counter = Counter()  # status (200, 206, 416) -> file requests answered here
         self._socket = self._server = None
 
     def bind(self) -> None:
@@ -315,6 +376,10 @@ class Front:
             writer.write(refused.response())
             await _drain_and_close(writer)
             return
+        served = self.served_file(target)
+        if served is not None:
+            await self._send_file(writer, method, headers, served)
+            return
         self.relayed += 1
         kept = [f"{name}: {value}" for name, value in headers if name.lower() not in HOP_BY_HOP | CREDENTIALS]
         forwarded = "\r\n".join([f"{method} {target} HTTP/1.1", *kept, "Connection: close", "", ""]).encode("latin-1")
@@ -334,6 +399,44 @@ class Front:
             pass
         finally:
             up_writer.close()  # no await in here: a connection cancelled at stop must finish at once
+        await _drain_and_close(writer)
+
+    def served_file(self, target: str) -> ServedFile | None:
+        """The file a ``/<owner>/<name>/resolve/<rev>/<path>`` request asks for, when this front serves it."""
+        segments = [unquote(raw) for raw in target.split("?", 1)[0][1:].split("/")]
+        if len(segments) < 5 or segments[2] != "resolve" or segments[3] not in self.revisions:
+            return None
+        return self.files.get(f"{segments[0]}/{segments[1]}", {}).get("/".join(segments[4:]))
+
+    async def _send_file(self, writer, method: str, headers: list, served: ServedFile) -> None:
+        asked = next((value for name, value in headers if name.lower() == "range"), None)
+        common = ["Accept-Ranges: bytes", f'ETag: "{served.etag}"', f"X-Repo-Commit: {self.commit}", "Connection: close"]
+        if served.lfs:  # what the Hub adds for LFS files; huggingface_hub reads the size and hash from these
+            common += [f'X-Linked-Etag: "{served.etag}"', f"X-Linked-Size: {served.size}"]
+        try:
+            span = byte_range(asked, served.size)
+        except ValueError:
+            self.sent_from_disk[416] += 1
+            writer.write("\r\n".join(["HTTP/1.1 416 Range Not Satisfiable", f"Content-Range: bytes */{served.size}",
+                                       "Content-Length: 0", *common, "", ""]).encode("latin-1"))
+            await _drain_and_close(writer)
+            return
+        first, last = span if span is not None else (0, served.size - 1)
+        count = last - first + 1 if served.size else 0
+        status = "206 Partial Content" if span is not None else "200 OK"
+        lines = [f"HTTP/1.1 {status}", "Content-Type: application/octet-stream", f"Content-Length: {count}", *common]
+        if span is not None:
+            lines.append(f"Content-Range: bytes {first}-{last}/{served.size}")
+        self.sent_from_disk[206 if span is not None else 200] += 1
+        try:
+            writer.write(("\r\n".join([*lines, "", ""])).encode("latin-1"))
+            await writer.drain()
+            if method == "GET" and count:
+                with open(served.path, "rb") as handle:
+                    # the kernel copies from the page cache to the socket, at the client's pace: nothing is held here
+                    await asyncio.get_running_loop().sendfile(writer.transport, handle, first, count)
+        except (ConnectionError, OSError):
+            pass
         await _drain_and_close(writer)
 
 
@@ -442,7 +545,8 @@ class Mirror(Service):
         self.model_dir = Path(model_dir)
         self.repository = prepare_repository(model_dir, self.mirrors_root, repo_id, lfs_threshold)
         self.commit = _git(self.repository, "rev-parse", "HEAD")
-        self.front = Front(self.host, self.port, {repo_id})
+        self.front = Front(self.host, self.port, {repo_id}, files={repo_id: served_files(self.repository)},
+                           revisions={"main", self.commit}, commit=self.commit)
         self.olah_port = None
         self.process = None
         self.log = None
@@ -528,6 +632,10 @@ class Mirror(Service):
             self.log.close()
 
 
+def _stop_on_terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Serve a local model folder as a Hub mirror (olah, offline).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -544,6 +652,7 @@ def main(argv=None) -> int:
     except CourseError as err:
         print(err, file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _stop_on_terminate)  # `kill` and a process manager stop it as Ctrl+C does: olah too
     address = "<this machine's address>" if args.classroom else LOOPBACK
     print(f"{mirror.exposure()}\nLearners run:\n"
           f"  export HF_ENDPOINT=http://{address}:{mirror.port} {LEARNER_SETTINGS}\n"

@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+from . import download as course_download
 from . import synthetic
 from .download import REAL_MODEL, explain_hub_error, hub_token, is_hub_id
 from .errors import CorruptCheckpointError, InvalidChoiceError, ModelNotFoundError, NotAGemma4CheckpointError
@@ -64,22 +65,43 @@ def check_checkpoint_folder(path: Path) -> Path:
 
 
 def _download(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
+    """One location for a hub model, found without a request where it can be: the course's verified download
+    (notebook 01), else the Hugging Face cache (``hf download``, an earlier run), else downloaded into the
+    course's folder, verified (``download.download``); offline, only the first two."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
+    downloaded = course_download.verified_download(repo_id)
+    if downloaded is not None:
+        return downloaded
     try:
-        return Path(snapshot_download(repo_id, token=hub_token(None)))  # no hub token to a mirror
+        return Path(snapshot_download(repo_id, token=hub_token(None), local_files_only=True))  # the HF cache, no request
+    except LocalEntryNotFoundError as err:
+        if constants.HF_HUB_OFFLINE:
+            raise explain_hub_error(err, repo_id) from None
     except Exception as err:  # noqa: BLE001 - the hub's own errors become one sentence; others propagate
         explained = explain_hub_error(err, repo_id)
         if explained is None:
             raise
         raise explained from None
+    folder = course_download.course_folder(repo_id)
+    try:
+        return course_download.download(repo_id, folder, max_attempts=1).path
+    except course_download.DownloadFailedError as first:
+        if first.never_reached:  # offline or a wrong endpoint: say so now rather than after minutes of retries
+            raise ModelNotFoundError(
+                f"Cannot reach the hub to fetch {repo_id} and it is not downloaded yet: connect, set HF_ENDPOINT to a "
+                f"mirror (with HF_HUB_DISABLE_XET=1), run notebook 01, or use a synthetic model such as GEMMA_MODEL=tiny."
+            ) from None
+    # it started: a few more attempts continue it (notebook 01's download.download tries 20 times)
+    return course_download.download(repo_id, folder, max_attempts=5).path
 
 
 def resolve(source: Source = None) -> Path:
     """Local path of a ready checkpoint for a hub id, a folder, or a synthetic name.
 
-    Synthetic names are built on first use (seconds for ``tiny``); hub ids are downloaded
-    with ``huggingface_hub`` (reusing its cache).
+    Synthetic names are built on first use (seconds for ``tiny``); a hub id is found where notebook 01
+    downloaded it (or in the Hugging Face cache) without a request, and downloaded once otherwise.
     """
     name = requested(source)
     if name in synthetic.SHAPES:

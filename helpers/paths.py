@@ -15,6 +15,8 @@ PLANNER_DIR = DATA_DIR / "planner"  # the planner's calibration
 BUILDS_DIR = DATA_DIR / "builds"  # how long a synthetic build took and how much host memory it needed
 FAULTS_DIR = DATA_DIR / "faults"  # recorded fault-injection runs (tools/fault_run.py)
 GGUF_DIR = DATA_DIR / "gguf"  # the llama.cpp route measured on a checkpoint (python -m helpers.gguf_route measure)
+CLASSROOM_DIR = DATA_DIR / "classroom"  # the classroom mirror under a room's load (python -m helpers.classroom load)
+COURSE_RUNS_DIR = DATA_DIR / "course-runs"  # seconds per notebook, recorded by tools/run_course.py --record
 CHAT_DIR = DATA_DIR / "chat"  # what each transformers release does with a plain-string message (tools/)
 BUILD_DIR = REPO_ROOT / "build"  # executed notebooks and JUnit files, never committed
 CACHE_ENV = "GEMMA_COURSE_CACHE"
@@ -49,3 +51,9 @@ def writable_folder(path, *, setting: str | None = None) -> Path:
 def cache_subfolder(*parts: str) -> Path:
     """A folder inside the course cache, created and writable, or the sentence naming GEMMA_COURSE_CACHE."""
     return writable_folder(cache_dir().joinpath(*parts), setting=CACHE_ENV)
+
+
+def venv_python(venv, os_name: str | None = None) -> Path:
+    """The interpreter of a virtual environment: ``Scripts\\python.exe`` on Windows, ``bin/python`` elsewhere."""
+    windows = (os_name or os.name) == "nt"
+    return Path(venv) / ("Scripts" if windows else "bin") / ("python.exe" if windows else "python")

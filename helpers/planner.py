@@ -359,6 +359,45 @@ def card_table(config, quant: str = "nf4", context: int = 8500, keep_bf16=(), ca
             for name, gb in cards.items() for ple in ("gpu", "cpu")]
 
 
+@dataclass
+class CardTable:
+    """``card_table``'s rows as one compact table: a card per row, both placements side by side."""
+    rows: list
+    context: int
+
+    def cells(self) -> list:
+        by_card: dict = {}
+        for name, ple, verdict in self.rows:
+            if not verdict.loads:
+                text = "does not load"
+            else:
+                text = (f"{'fits' if verdict.fits else 'too long'}; up to {verdict.max_context:,} "
+                        f"(safe {verdict.safe_context:,})")
+            by_card.setdefault(name, {})[ple] = text
+        return [(name, cells.get("gpu", ""), cells.get("cpu", "")) for name, cells in by_card.items()]
+
+    def __str__(self) -> str:
+        header = ("card", "PLE on GPU", "PLE on CPU")
+        table = [header, *self.cells()]
+        widths = [max(len(row[i]) for row in table) for i in range(3)]
+        lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in table]
+        return "\n".join([f"Prompts of {self.context:,} tokens, and the largest context in tokens:", *lines])
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        body = "".join(f"<tr><td style='white-space:nowrap'>{name}</td><td style='white-space:nowrap'>{gpu}</td>"
+                       f"<td style='white-space:nowrap'>{cpu}</td></tr>" for name, gpu, cpu in self.cells())
+        return (f"<p>Prompts of {self.context:,} tokens, and the largest context in tokens:</p><table><tr><th>card</th>"
+                f"<th>PLE on GPU</th><th>PLE on CPU</th></tr>{body}</table>")
+
+
+def card_summary(config, quant: str = "nf4", context: int = 8500, keep_bf16=(), cards: dict = CARDS) -> CardTable:
+    """``card_table`` as one compact table (what notebook 06 shows)."""
+    return CardTable(card_table(config, quant, context, keep_bf16, cards), context)
+
+
 def accelerate_estimate(config, quant: str = "nf4") -> int:
     """What ``accelerate estimate-memory`` would say for the weights: the fp32 total of every
     parameter divided by 2 (float16), 4 (int8) or 8 (int4). It assumes every weight is quantized;

@@ -18,6 +18,7 @@ import torch
 
 from . import checksums
 from .errors import CourseError, InvalidChoiceError, require_bool, require_whole_number
+from .host_memory import peak_rss_bytes
 from .paths import BUILDS_DIR, CONFIG_DIR, cache_dir, cache_subfolder, writable_folder
 
 SHAPES = {
@@ -143,6 +144,8 @@ def is_complete(path: Path) -> bool:
 
 class NotASyntheticCheckpointError(CourseError):
     """A folder without the build's marker, so without recorded checksums."""
+
+    entry = "truncated-or-corrupt-checkpoint"
 
 
 def verify(folder) -> dict:
@@ -367,8 +370,6 @@ def _recover(dest: Path) -> None:
 
 
 def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Path:
-    import resource
-
     if dest.exists() and not is_complete(dest) and any(dest.iterdir()):
         raise InvalidChoiceError(
             f"{dest} exists and is not a synthetic checkpoint; choose an empty or new folder."
@@ -391,7 +392,7 @@ def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Pat
                     "full_processor": full_processor,
                     "text_format": TEXT_FORMAT,
                     "built_in_s": round(time.time() - started, 1),
-                    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                    "peak_rss_bytes": peak_rss_bytes(),
                     "sha256": hashes,
                     "note": "random weights: memory figures are real, generated text is not",
                 },

@@ -61,6 +61,7 @@ CASES = [(step, name) for step in STEPS for name in SIGNALS]
 BUILDER = """
 import json, os, shutil, signal, sys, time
 from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell that ran the tests in the background ignores Ctrl+C
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 import torch
 torch.set_num_threads(1)  # no thread pool in the parent: forks stay safe

@@ -231,3 +231,19 @@ def test_the_recorded_fault_run_injected_200_faults_of_every_kind_and_download_r
     assert set(record["injected_by_kind"]) == set(faults.KINDS)
     assert record["spoiled_files_download_returned"] == 0 == sum(len(r["spoiled_though_download_returned"]) for r in record["per_round"])
     assert record["control_plain_snapshot_download"]["spoiled_files_accepted"] > 0  # the faults did spoil files
+
+
+@pytest.mark.parametrize("fault,status", [("error", 503), ("server_error", 500), ("rate_limit", 429), ("html", 200)])
+def test_a_fault_on_any_request_is_answered_as_planned_not_by_a_crashed_handler(fault, status):
+    """The proxy's 503, 500, 429 and captive-portal page reach the client (a handler that crashed instead closed the
+    connection without an answer, which tested only resets)."""
+    import http.client
+
+    with faults.FaultyProxy(f"http://127.0.0.1:{mirror.free_port()}", [fault]) as proxy:
+        connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+        connection.request("GET", "/api/models/google/gemma-4-E4B-it/revision/main")
+        reply = connection.getresponse()
+        body = reply.read()
+        connection.close()
+    assert reply.status == status and proxy.injected[fault] == 1
+    assert (b"hotel Wi-Fi" in body) == (fault == "html")

@@ -277,11 +277,23 @@ def test_a_port_taken_by_another_server_stops_the_mirror_with_a_non_zero_exit(ti
         pass  # the other server is untouched
 
 
+def fake_olah_venv(home: Path, server_source: str) -> Path:
+    """A virtual environment whose olah.server runs ``server_source`` when the mirror starts it, laid out as
+    the mirror installs olah (bin/ or Scripts\\, its marker written last)."""
+    import sysconfig
+    import venv
+
+    venv.create(home, with_pip=False)
+    package = Path(sysconfig.get_path("purelib", vars={"base": str(home), "platbase": str(home)})) / "olah"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "server.py").write_text(server_source)
+    (home / mirror.OLAH_INSTALLED).write_text("fake")
+    return home
+
+
 def test_an_olah_that_dies_at_start_stops_the_cli_with_a_non_zero_exit_and_its_last_words(tiny_path, tmp_path):
-    fake = tmp_path / "olah"
-    (fake / "bin").mkdir(parents=True)
-    (fake / "bin" / "python").symlink_to(sys.executable)
-    (fake / "bin" / "olah-cli").write_text("print('olah: config broken')\nraise SystemExit(3)\n")
+    fake = fake_olah_venv(tmp_path / "olah", "print('olah: config broken')\nraise SystemExit(3)\n")
     env = {**os.environ, "GEMMA_COURSE_CACHE": str(tmp_path), "OLAH_HOME": str(fake)}
     done = subprocess.run([sys.executable, "-m", "helpers.mirror", "serve", str(tiny_path), "--port", str(mirror.free_port())],
                           capture_output=True, text=True, timeout=120, env=env)
@@ -290,7 +302,7 @@ def test_an_olah_that_dies_at_start_stops_the_cli_with_a_non_zero_exit_and_its_l
 
 FAKE_OLAH_THAT_DIES_WHILE_SERVING = """
 import http.server, json, os, re, subprocess, sys, threading, time
-text = open(sys.argv[sys.argv.index("-c") + 1]).read()  # the toml the mirror wrote (no tomllib before Python 3.11)
+text = open(sys.argv[-1]).read()  # the toml the mirror wrote, after -c (no tomllib before Python 3.11)
 config = {"host": re.search(r'host = "(.+?)"', text)[1], "port": int(re.search(r"port = (\\d+)", text)[1])}
 repo = os.path.join(re.search(r'mirrors-path = \\["(.+?)"\\]', text)[1], "models", "google", "gemma-4-E4B-it")
 sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
@@ -307,10 +319,7 @@ os._exit(5)
 
 
 def test_an_olah_that_dies_while_serving_ends_the_cli_with_a_non_zero_exit_and_says_so(tiny_path, tmp_path):
-    fake = tmp_path / "olah"
-    (fake / "bin").mkdir(parents=True)
-    (fake / "bin" / "python").symlink_to(sys.executable)
-    (fake / "bin" / "olah-cli").write_text(FAKE_OLAH_THAT_DIES_WHILE_SERVING)
+    fake = fake_olah_venv(tmp_path / "olah", FAKE_OLAH_THAT_DIES_WHILE_SERVING)
     env = {**os.environ, "GEMMA_COURSE_CACHE": str(tmp_path), "OLAH_HOME": str(fake)}
     process = start_cli(tiny_path, "--port", str(mirror.free_port()), env=env)
     wait_for_line(process, "Ctrl+C stops it")  # it started: the fake answered as olah does

@@ -32,6 +32,7 @@ def test_a_hub_id_resolves_through_the_huggingface_hub_cache(tmp_path, monkeypat
     shutil.copytree(tiny_path, repo / "snapshots" / commit)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("GEMMA_COURSE_CACHE", str(tmp_path / "course-cache"))  # no course download to find first
     path = models.resolve("google/gemma-4-E4B-it")
     assert path == repo / "snapshots" / commit
     assert (path / "config.json").is_file()

@@ -2,12 +2,15 @@
 and teach with `helpers` instead of copying its logic. nbval executes them (make test-notebooks)."""
 
 import ast
+import os
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
+
+from helpers.paths import venv_python
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -88,10 +91,12 @@ def test_the_install_cell_makes_helpers_importable_in_an_already_running_kernel(
     (repo / "requirements.txt").write_text("")  # the stack itself is what CI installs; this checks the mechanism
     (repo / "notebooks").mkdir()
     venv.create(tmp_path / "kernel", with_pip=True)
-    python = tmp_path / "kernel" / "bin" / "python"
+    python = venv_python(tmp_path / "kernel")
     cell = tagged(NOTEBOOKS[0], "install")[0].source
     script = f"{cell}\nimport helpers, pathlib\nprint(pathlib.Path(helpers.__file__).parent)"
-    done = subprocess.run([str(python), "-c", script], cwd=repo / "notebooks", capture_output=True, text=True, timeout=300)
+    kernel_env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}  # a fresh kernel sees no clone
+    done = subprocess.run([str(python), "-c", script], cwd=repo / "notebooks", capture_output=True, text=True, timeout=300,
+                          env=kernel_env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith(str(repo / "helpers"))
 

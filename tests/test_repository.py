@@ -99,3 +99,22 @@ def test_a_comparison_with_no_hashes_is_shown_as_not_compared_never_as_identical
     assert tool.placement_verdict({"logits_sha256": "a", "greedy_token_count": 32, "greedy_distinct_tokens": 20},
                                   {"logits_sha256": "b"}).startswith("logits DIFFER")
     assert tool.identity_verdict({}) == "not compared"
+
+
+def test_the_instructor_guide_is_rendered_from_the_records_and_its_figures_exist():
+    done = subprocess.run([sys.executable, "tools/render_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+    guide = (ROOT / "docs" / "instructor-guide.md").read_text()
+    assert "python -m helpers.environment" in guide and "--classroom" in guide and "When GPUs are short" in guide
+    for figure in ("peak-vs-context.png", "what-fits-on-which-card.png"):
+        assert (ROOT / "docs" / "figures" / figure).stat().st_size > 10_000
+        assert f"docs/figures/{figure}" in (ROOT / "README.md").read_text()
+
+
+def test_a_number_typed_into_the_instructor_guide_is_caught(tmp_path, monkeypatch):
+    """The control: the check above fails on a guide edited by hand."""
+    tool = _tool("render_docs")
+    edited = tmp_path / "guide.md"
+    edited.write_text(tool.render().replace(" min", " minutes", 1))
+    monkeypatch.setattr(tool, "GUIDE", edited)
+    assert tool.main(["--check"]) == 1

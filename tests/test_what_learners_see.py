@@ -1,0 +1,120 @@
+"""What a learner sees in the notebooks: charts whose planner marks are visible and labelled, a card table that
+fits a normal window, a module tree that names its root once, committed outputs without stale widgets or library
+noise. Each check stands beside a drawing or output it must reject."""
+
+from pathlib import Path
+
+import matplotlib
+import nbformat
+import pytest
+
+from helpers import anatomy, charts, models, planner, records, weights
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_course_tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_course", ROOT / "tools" / "run_course.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+RUN_COURSE = _run_course_tool()  # the tool that saves the outputs also prunes the widgets none shows
+NOISE = ("kernels-community", "Unhandled exception", "Traceback (most recent call last)")
+
+
+def test_the_module_tree_names_its_root_class_once():
+    model = weights.meta_model(models.load_config("tiny"))
+    first = str(anatomy.tree(model, max_depth=1)).splitlines()[0]
+    assert first.count(type(model).__name__) == 1, first
+
+
+def test_the_planners_dotted_lines_are_drawn_over_the_measured_ones_and_have_a_legend_entry():
+    memory = records.latest_records(preset="memory")
+    ax = charts.peak_vs_context(memory, planner=planner.predicted_peak)
+    measured = [line for line in ax.get_lines() if line.get_gid() == "measured"]
+    dotted = [line for line in ax.get_lines() if line.get_gid() == "planner" and line.get_linestyle() != "-"]
+    assert measured and len(dotted) == len(measured)
+    assert min(line.get_zorder() for line in dotted) > max(line.get_zorder() for line in measured)
+    assert any("planner" in text.get_text() for text in ax.get_legend().get_texts())
+    plt.close("all")
+
+
+def test_without_a_planner_the_legend_claims_no_planner_line():
+    """The control: the legend check above sees the difference."""
+    ax = charts.peak_vs_context(records.latest_records(preset="memory"))
+    assert not any("planner" in text.get_text() for text in ax.get_legend().get_texts())
+    plt.close("all")
+
+
+def marks_on_labels(ax) -> list:
+    """Planner marks (scatter points) whose centre lies inside a value label's box, in screen pixels."""
+    figure = ax.figure
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    boxes = [text.get_window_extent(renderer) for text in ax.texts]
+    hits = []
+    for collection in ax.collections:
+        for x, y in collection.get_offsets():
+            px, py = ax.transData.transform((x, y))
+            hits += [(x, y) for box in boxes if box.x0 - 4 <= px <= box.x1 + 4 and box.y0 - 4 <= py <= box.y1 + 4]
+    return hits
+
+
+def test_the_planners_marks_on_the_card_chart_do_not_sit_on_the_value_labels():
+    ax = charts.card_fits(records.latest_records(preset="cards"), planner=planner.expected_largest_context)
+    assert marks_on_labels(ax) == []
+    plt.close("all")
+
+
+def test_a_mark_placed_on_a_value_label_is_detected():
+    """The control: a mark moved onto a label is found."""
+    ax = charts.card_fits(records.latest_records(preset="cards"), planner=planner.expected_largest_context)
+    ax.figure.canvas.draw()
+    box = ax.texts[0].get_window_extent(ax.figure.canvas.get_renderer())
+    x, y = ax.transData.inverted().transform(((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2))
+    ax.scatter([x], [y], marker="|", s=300)
+    assert marks_on_labels(ax)
+    plt.close("all")
+
+
+def test_the_card_table_fits_a_normal_window_and_says_each_card_once():
+    table = planner.card_summary("e4b-shape", "nf4", context=8500)
+    lines = str(table).splitlines()
+    assert max(len(line) for line in lines) <= 100
+    for name, gpu, cpu in table.cells():
+        assert " GB" not in gpu + cpu, (name, gpu, cpu)
+    assert table._repr_html_().count("white-space:nowrap") == 3 * len(table.cells())
+
+
+def stale_output(nb) -> list:
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    orphans = set(state) - RUN_COURSE.shown_widgets(nb)
+    found = [f"{len(orphans)} widget(s) stored but shown by no output"] if orphans else []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            text = output.get("text", "") if output.get("output_type") == "stream" else ""
+            found += [f"{noise!r} in a committed output" for noise in NOISE if noise in text]
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_committed_outputs_carry_no_stale_widgets_and_no_library_noise(path):
+    assert stale_output(nbformat.read(path, as_version=4)) == []
+
+
+def test_a_stale_progress_bar_and_a_library_warning_are_reported():
+    """The control: a notebook with an orphaned widget and a kernels-community warning is rejected."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"abc": {"model_name": "FloatProgressModel"}}}}
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="Failed to load CPU gemm_4bit_forward from kernels-community")]
+    nb.cells.append(cell)
+    assert len(stale_output(nb)) == 2
