@@ -40,7 +40,7 @@ import torch
 
 from . import models
 from .cards import SIMULATED_CARDS_GB
-from .errors import CourseError
+from .errors import CourseError, InvalidChoiceError
 from .long_context import DEFAULT_CHUNK
 from .measure import DECODE_MODES, compare_logits
 from .paths import BUILD_DIR, MEASUREMENTS_DIR
@@ -349,7 +349,7 @@ def run_preset(name: str, *, runner=None, directory: Path = MEASUREMENTS_DIR, co
     finishes, and compare the placements (named configurations: each with its reference)."""
     configurations = presets()[name]
     if jobs > 1 and any(c.reference or c.decode for c in configurations):
-        raise CourseError(f"The {name} preset times decoding and compares each configuration with one run before it: "
+        raise InvalidChoiceError(f"The {name} preset times decoding and compares each configuration with one run before it: "
                           f"run it with --jobs 1.")
     with tempfile.TemporaryDirectory() as scratch:
         return _run_configurations(name, configurations, runner or functools.partial(

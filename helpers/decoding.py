@@ -41,7 +41,7 @@ import torch
 import torch._dynamo
 
 from . import placement
-from .errors import CourseError, require_bool, require_choice, require_whole_number
+from .errors import InvalidChoiceError, TunedDecodeError, require_bool, require_choice, require_whole_number
 from .long_context import cache_argument, new_cache
 from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
 from .weights import meta_model
@@ -108,7 +108,7 @@ def attach_placement_hooks(model):
     from accelerate import dispatch_model
 
     if getattr(model, "hf_quantizer", None) is not None:
-        raise CourseError("Hooks attached after loading would make accelerate move bitsandbytes' packed weights again "
+        raise TunedDecodeError("Hooks attached after loading would make accelerate move bitsandbytes' packed weights again "
                           "(and quantize them twice): load with quant='bf16' to see the hooks on the CPU.")
     device = placement.compute_device_of(model)
     device_map = placement.ple_device_map(meta_model(model.config), device.index if device.type == "cuda" else "cpu")
@@ -129,7 +129,7 @@ def check_single_device(model) -> torch.device:
     accelerate offloads, weights on several devices, a PLE table on the CPU that only its hook serves)."""
     offloaded = [name for name, module in model.named_modules() if getattr(getattr(module, "_hf_hook", None), "offload", False)]
     if offloaded:
-        raise CourseError(f"accelerate offloads {offloaded[0]!r} (its weights live on 'meta' and its hook copies them "
+        raise TunedDecodeError(f"accelerate offloads {offloaded[0]!r} (its weights live on 'meta' and its hook copies them "
                           f"in at every forward): removing the hooks would break it; load with "
                           f"loading.load_model(..., ple='cpu'), which keeps every other weight on the GPU.")
     tables = set(placement.ple_module_names(model))
@@ -141,13 +141,13 @@ def check_single_device(model) -> torch.device:
         else:
             devices.add(param.device)
     if len(devices) != 1:
-        raise CourseError(f"The model's weights are spread over {sorted(map(str, devices))}: the hooks move them at "
+        raise TunedDecodeError(f"The model's weights are spread over {sorted(map(str, devices))}: the hooks move them at "
                           f"every forward and cannot be removed; load everything but the PLE table on one GPU "
                           f"(loading.load_model(..., ple='cpu')).")
     device = devices.pop()
     for module, where in table_devices.items():
         if where != device and not placement.has_cpu_lookup(model.get_submodule(module)):
-            raise CourseError(f"The PLE table {module!r} is on {where} without the course's lookup, so only accelerate's "
+            raise TunedDecodeError(f"The PLE table {module!r} is on {where} without the course's lookup, so only accelerate's "
                               f"hook brings it to {device}: call placement.offload_ple(model) first, or load with "
                               f"loading.load_model(..., ple='cpu').")
     return device
@@ -214,11 +214,11 @@ class TunedGreedy:
 
     def __init__(self, model, settings: Decoder = Decoder()):
         if not isinstance(settings, Decoder):
-            raise CourseError(f"settings={settings!r} is not a Decoder; pass decoding.Decoder(...).")
+            raise InvalidChoiceError(f"settings={settings!r} is not a Decoder; pass decoding.Decoder(...).")
         if settings.ple_outside and not supports_ple_outside(model):
             import transformers
 
-            raise CourseError(f"transformers {transformers.__version__} cannot take the PLE rows from outside the model "
+            raise TunedDecodeError(f"transformers {transformers.__version__} cannot take the PLE rows from outside the model "
                               f"(Gemma4ForConditionalGeneration.forward has no per_layer_inputs): upgrade transformers "
                               f"(5.17 or later), or pass Decoder(ple_outside=False).")
         self.model, self.settings = model, settings
@@ -290,7 +290,7 @@ class TunedGreedy:
         """Exactly ``new_tokens`` greedy tokens after ``ids`` (batch 1)."""
         new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
         if ids.shape[0] != 1:
-            raise CourseError(f"The tuned decode runs batch 1; got a batch of {ids.shape[0]}: pass one prompt.")
+            raise InvalidChoiceError(f"The tuned decode runs batch 1; got a batch of {ids.shape[0]}: pass one prompt.")
         ids = ids.to(self.device)
         total = ids.shape[1] + new_tokens
         cache = self.cache(total)

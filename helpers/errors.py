@@ -172,3 +172,9 @@ class LlamaCppRouteError(CourseError):
     """llama.cpp's converter, quantizer or file reader refused a checkpoint."""
 
     entry = "llamacpp-refused-a-checkpoint"
+
+
+class TunedDecodeError(CourseError):
+    """The tuned decode (hooks off, static cache, CUDA graphs) asked of a model it cannot run on as loaded."""
+
+    entry = "the-tuned-decode-refuses-a-model"

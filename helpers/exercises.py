@@ -61,6 +61,7 @@ def exercise(key: str, question: str, hint: str):
     return register
 
 
+
 def check(key: str, answer, **context) -> Verdict:
     """Whether ``answer`` is right for exercise ``key`` (e.g. "04.1"); ``None`` means not answered yet."""
     if key not in EXERCISES:
@@ -240,3 +241,23 @@ def _gguf_quant(answer):
           "llama.cpp did not look the name up: it used the word itself.")
 def _forced_template(answer):
     return answer == "gemma", "\"gemma\": the prompt became that one word, and the model continued it (gggggemma...)."
+
+
+# ---------------------------------------------------------------- 09 long context and speed
+
+@exercise("09.1", "How much less GPU memory does the planner predict for a 131,072-token prefill of E4B in NF4 (PLE on the "
+          "CPU, 2,048-token chunks) on the tuned path than on the plain one, in GB? Within 5%.",
+          "planner.predict(..., 131072, prefill_chunk=2048, path=\"plain\") and path=\"tuned\": subtract the peaks.")
+def _tuned_saving(answer):
+    plain, tuned = (planner.predict("e4b-shape", "nf4", "cpu", 131072, prefill_chunk=2048, path=path).peak_bytes
+                    for path in ("plain", "tuned"))
+    expected = (plain - tuned) / 1e9
+    return within(answer, expected, 0.05), f"about {expected:.2f} GB: the copies the plain path hands attention."
+
+
+@exercise("09.2", "At least how many GB must one decode step of E4B in NF4 with the PLE on the CPU read from GPU memory "
+          "(the planner's figure, 32 positions of context)? Within 5%.",
+          "planner.decode_bytes_per_token(\"e4b-shape\", \"nf4\", \"cpu\").")
+def _bytes_per_token(answer):
+    expected = planner.decode_bytes_per_token("e4b-shape", "nf4", "cpu") / 1e9
+    return within(answer, expected, 0.05), f"about {expected:.2f} GB; a card's bandwidth over it is its fastest decode."

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import CourseError, require_choice, require_whole_number
+from .errors import InvalidChoiceError, require_choice, require_whole_number
 
 # generate's own cache; the same without the config (every layer keeps every token); preallocated, written in place
 CACHE_KINDS = ("dynamic", "dynamic-without-config", "static")
@@ -57,7 +57,7 @@ def new_cache(model, kind: str = "static", max_cache_len: int | None = None):
     if kind == "dynamic-without-config":
         return DynamicCache()
     if max_cache_len is None:
-        raise CourseError("A static cache is preallocated: pass max_cache_len, the prompt length plus the new tokens.")
+        raise InvalidChoiceError("A static cache is preallocated: pass max_cache_len, the prompt length plus the new tokens.")
     limit = text_config_of(model).max_position_embeddings
     max_cache_len = require_whole_number(max_cache_len, "max_cache_len", maximum=limit, unit="tokens",
                                          maximum_is="the model's max_position_embeddings")
@@ -243,7 +243,7 @@ class LongContext:
             require_whole_number(self.chunk, "chunk", unit="tokens")
         require_choice(self.cache, CACHE_KINDS, "cache")
         if not isinstance(self.grouped_attention, bool):
-            raise CourseError(f"grouped_attention={self.grouped_attention!r} is not supported; pass True or False.")
+            raise InvalidChoiceError(f"grouped_attention={self.grouped_attention!r} is not supported; pass True or False.")
 
     @classmethod
     def plain(cls, chunk: int | None = DEFAULT_CHUNK) -> LongContext:
