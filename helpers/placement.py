@@ -365,7 +365,7 @@ class PlacementReport:
         totals = ", ".join(f"{d}: {human_bytes(b)}" for d, b in self.bytes_by_device().items())
         lines.append(f"total by device: {totals}")
         if self.hf_device_map is None:
-            lines.append("(model.hf_device_map is absent: transformers sets it only for per-module maps)")
+            lines.append("(model.hf_device_map is absent: transformers sets it only when the device map spans more than one device)")
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer, cycle):
