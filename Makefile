@@ -95,21 +95,30 @@ test-gpu-tier:
 ## nbval over every notebook under one card's memory (CARD_GB=8; empty: the whole GPU)
 test-gpu-notebooks:
 	mkdir -p build
-	junit=build/nbval-gpu-$${CARD_GB:-uncapped}.xml; \
+	junit=build/nbval-gpu-$${CARD_GB:-uncapped}$${GPU_GROUP}.xml; \
 	PYTHONPATH=$(CURDIR):$$PYTHONPATH GEMMA_MODEL=$${GEMMA_MODEL:-e4b-shape} $(PYTHON_GPU) -m pytest --nbval-lax --nbval-cell-timeout=600 \
 		--nbval-current-env -p no:cacheprovider -v --junitxml=$$junit $(GPU_NOTEBOOKS) > $$junit.log 2>&1; status=$$?; \
 	tail -5 $$junit.log; \
-	if [ "$${GPU_RECORD:-0}" = 1 ]; then PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) tools/record_nbval.py $$junit; fi; \
+	if [ "$${GPU_RECORD:-0}" = 1 ]; then PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) tools/record_nbval.py $$junit \
+		$${NBVAL_COMMAND:+--command "$$NBVAL_COMMAND"}; fi; \
 	exit $$status
 
-## the notebooks on every card of GPU_CARDS at once: each process is capped, so they share one big GPU
+## the notebooks on every card of GPU_CARDS at once, each card's notebooks in GPU_NOTEBOOK_GROUPS side by side:
+## every process is capped, so they share one big GPU and the CPU cores (OMP_NUM_THREADS split between them)
+GPU_NOTEBOOK_GROUPS ?= 0[0-4] 0[56] 0[7-9]
 test-gpu-cards:
 	@# built once here: a build under an 8 GB cap would only wait on the others' lock
 	@PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) -m helpers.synthetic $${GEMMA_MODEL:-e4b-shape}; \
 	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) -m helpers.synthetic e2b-shape; \
+	groups=0; for group in $(GPU_NOTEBOOK_GROUPS); do groups=$$((groups + 1)); done; \
+	cards=0; for card in $(GPU_CARDS); do cards=$$((cards + 1)); done; \
+	threads=$$(( $$(nproc) / (groups * cards) )); [ $$threads -ge 1 ] || threads=1; \
 	pids=""; for card in $(GPU_CARDS); do \
-		if [ $$card = uncapped ]; then card=; fi; \
-		CARD_GB=$$card $(MAKE) --no-print-directory test-gpu-notebooks & pids="$$pids $$!"; done; \
+		if [ $$card = uncapped ]; then card=; fi; i=0; \
+		for group in $(GPU_NOTEBOOK_GROUPS); do i=$$((i + 1)); \
+			NBVAL_COMMAND="GPU_RECORD=1 GEMMA_MODEL=$${GEMMA_MODEL:-e4b-shape} make test-gpu-cards" \
+			CARD_GB=$$card GPU_GROUP=-$$i OMP_NUM_THREADS=$$threads GPU_NOTEBOOKS="$$(echo notebooks/$$group*.ipynb)" \
+				$(MAKE) --no-print-directory test-gpu-notebooks & pids="$$pids $$!"; done; done; \
 	status=0; for pid in $$pids; do wait $$pid || status=1; done; exit $$status
 
 ## make course: run every notebook top to bottom into build/ and summarise

@@ -53,6 +53,25 @@ def cache_subfolder(*parts: str) -> Path:
     return writable_folder(cache_dir().joinpath(*parts), setting=CACHE_ENV)
 
 
+def practice_folder() -> Path:
+    """An empty folder of this kernel's own for notebook 01's practice run (its download and its mirror),
+    so two kernels on one machine (an instructor simulating two cards side by side) never write into the
+    same one. Folders left by kernels that have ended, a kill included, are removed first."""
+    import shutil
+
+    import psutil
+
+    root = cache_subfolder("practice")
+    for folder in root.glob("kernel-*"):
+        pid = folder.name.removeprefix("kernel-")
+        if not (pid.isdigit() and psutil.pid_exists(int(pid))):
+            shutil.rmtree(folder, ignore_errors=True)
+    mine = root / f"kernel-{os.getpid()}"
+    shutil.rmtree(mine, ignore_errors=True)
+    mine.mkdir()
+    return mine
+
+
 def venv_python(venv, os_name: str | None = None) -> Path:
     """The interpreter of a virtual environment: ``Scripts\\python.exe`` on Windows, ``bin/python`` elsewhere."""
     windows = (os_name or os.name) == "nt"

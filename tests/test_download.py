@@ -4,6 +4,7 @@ or corrupt file where a loader would read it."""
 
 import errno
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +248,19 @@ def test_a_fault_on_any_request_is_answered_as_planned_not_by_a_crashed_handler(
         connection.close()
     assert reply.status == status and proxy.injected[fault] == 1
     assert (b"hotel Wi-Fi" in body) == (fault == "html")
+
+
+def test_two_kernels_practising_at_once_never_share_a_folder_and_an_ended_kernels_folder_is_removed(tmp_path, monkeypatch):
+    from helpers import paths
+
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    root = tmp_path / "practice"
+    for pid in (int(ended.stdout), os.getppid()):  # a kernel that has ended, and one still running
+        (root / f"kernel-{pid}").mkdir(parents=True)
+        (root / f"kernel-{pid}" / "model.safetensors").write_bytes(b"x")
+    mine = paths.practice_folder()
+    assert mine == root / f"kernel-{os.getpid()}" and list(mine.iterdir()) == []
+    assert not (root / f"kernel-{int(ended.stdout)}").exists() and (root / f"kernel-{os.getppid()}").exists()
+    (mine / "left-over").write_text("from the last run")
+    assert list(paths.practice_folder().iterdir()) == []  # a re-run starts empty
