@@ -135,3 +135,14 @@ def test_release_gpu_says_when_a_model_is_still_referenced(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert loading.release_gpu()["allocated_bytes"] == 10**6
+
+
+def test_release_gpu_clears_cublas_workspaces_before_emptying_the_cache_else_a_deleted_models_segment_stays_reserved(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("workspaces"), raising=False)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
+    loading.release_gpu()
+    assert calls == ["workspaces", "empty_cache"]
