@@ -2,7 +2,8 @@
 
 Anonymous memory (``RssAnon``: Python objects, tensors on the CPU, pinned buffers) is what runs a
 12.7 GB Colab VM out of memory. File-backed memory (``RssFile``: the safetensors shards mapped
-while loading) sits in the page cache and the kernel can drop it under pressure. Peaks are sampled
+while loading; ``RssShmem`` too, where the checkpoint sits on a RAM disk such as ``/dev/shm``) sits in
+the page cache. Peaks are sampled
 from ``/proc/self/status`` on Linux; elsewhere only the total resident size is known.
 """
 
@@ -75,7 +76,10 @@ class PeakSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        for key, value in current().items():
+        now = current()
+        if "file_bytes" in now:  # a checkpoint on tmpfs is mapped as shared memory: page cache all the same
+            now["file_bytes"] += now.pop("shmem_bytes", 0)
+        for key, value in now.items():
             key = key if key in ("anon_bytes", "file_bytes", "rss_bytes") else None
             if key and (getattr(self.peaks, key) is None or value > getattr(self.peaks, key)):
                 setattr(self.peaks, key, value)

@@ -36,7 +36,7 @@ from .models import load_config
 from .paths import PLANNER_DIR
 from .placement import PLACEMENTS
 from .quantization import QUANTS
-from .records import gpu_tier, latest_records
+from .records import gpu_tier_host, latest_records
 from .weights import GPU_HEADROOM_BYTES, WeightEstimate, meta_model, weight_bytes
 
 CALIBRATION = PLANNER_DIR / "activations.json"
@@ -536,7 +536,7 @@ class HostEstimate:
 
 def host_records(directory=None) -> list:
     """(route, record) for every GPU-tier route with host memory figures."""
-    tier = gpu_tier() if directory is None else gpu_tier(directory=directory)
+    tier = gpu_tier_host() if directory is None else gpu_tier_host(directory=directory)
     return [(route, record) for route, record in tier.items()
             if route in HOST_ROUTES and record and record.get("host_load_anon_peak_bytes")]
 

@@ -66,6 +66,26 @@ def gpu_tier(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU
     return json.loads(path.read_text())
 
 
+HOST_KEYS = ("host_load_anon_peak_bytes", "host_load_file_peak_bytes", "host_generate_anon_peak_bytes",
+             "host_generate_file_peak_bytes", "host_process_peak_bytes")
+
+
+def split_host(record: dict) -> dict:
+    """Take a route record's host-memory figures out of it, returned with what says where they come from."""
+    host = {key: record.pop(key) for key in HOST_KEYS if key in record}
+    return {**host, **{key: record[key] for key in ("model", "quant", "ple", "route", "gpu", "versions", "date", "command")
+                       if key in record}} if host else {}
+
+
+def gpu_tier_host(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU_TIER_DIR) -> dict:
+    """Host memory per route (anonymous and file-backed peaks of load and generate), route -> record:
+    the GPU tier writes it beside its main record, from a run whose checkpoint was read from disk."""
+    path = Path(directory) / f"host-{model}-{quant}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"No recorded host memory at {path}: run `GPU_RECORD=1 make test-gpu-tier` on a GPU.")
+    return json.loads(path.read_text())
+
+
 def gpu_tier_file(name: str, directory: Path = GPU_TIER_DIR) -> dict:
     """Any other record the GPU tier keeps, by file name (e.g. ``determinism-e4b-shape.json``)."""
     path = Path(directory) / name

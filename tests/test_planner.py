@@ -226,3 +226,13 @@ def test_a_decode_step_reads_every_weight_the_text_model_uses_and_no_tower():
 def test_bad_chunked_prefill_settings_are_refused_in_one_sentence(kwargs, message):
     with pytest.raises(InvalidChoiceError, match=message):
         planner.predict("tiny", "nf4", "cpu", 512, **kwargs)
+
+
+def test_a_checkpoint_on_a_ram_disk_counts_as_page_cache_not_as_nothing(monkeypatch):
+    # a checkpoint on /dev/shm is mapped as shared memory (RssShmem), not RssFile: both are page cache
+    from helpers import host_memory
+
+    monkeypatch.setattr(host_memory, "current", lambda: {"anon_bytes": 5, "file_bytes": 40, "shmem_bytes": 10_000})
+    sampler = host_memory.PeakSampler()
+    sampler._sample()
+    assert (sampler.peaks.anon_bytes, sampler.peaks.file_bytes) == (5, 10_040)

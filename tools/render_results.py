@@ -315,6 +315,26 @@ def render_gpu_run(run: dict) -> str:
             f"transformers {run['versions']['transformers']}.")
 
 
+def render_host(stem: str, routes: dict) -> str:
+    lines = [f"**Host memory, {stem.removeprefix('host-')}** (`/proc/self/status` peaks: anonymous memory is what "
+             "runs a Colab VM out of RAM; file-backed is the page cache of the mapped checkpoint):", "",
+             "| route | anonymous, load | anonymous, generate | file-backed, load | file-backed, generate |",
+             "|---|---|---|---|---|"]
+    for route, r in sorted(routes.items()):
+        lines.append(f"| {route} | {gb(r['host_load_anon_peak_bytes'])} | {gb(r['host_generate_anon_peak_bytes'])} | "
+                     f"{gb(r['host_load_file_peak_bytes'])} | {gb(r['host_generate_file_peak_bytes'])} |")
+    first = next(iter(routes.values()))
+    lines += ["", f"On {first['gpu']}, {first['date']}: `GPU_RECORD=1 make test-gpu-tier`."]
+    return "\n".join(lines)
+
+
+def render_release_probe(probe: dict) -> str:
+    steps = "; ".join(f"{s['quant']}: {gb(s['loaded']['reserved_bytes'])} reserved loaded, "
+                      f"{gb(s['after_release']['reserved_bytes'])} after `release_gpu()`" for s in probe["steps"])
+    return (f"**Freeing the card between models** ({probe['model']}, {probe['card_gb']:g} GB card, "
+            f"`CARD_GB={probe['card_gb']:g} python tools/gpu_release_probe.py`): {steps}.")
+
+
 def render() -> str:
     blocks = [render_benchmark(), render_issue15()]
     for path in sorted(GPU_TIER_DIR.glob("*.json")):
@@ -322,6 +342,10 @@ def render() -> str:
             blocks.append(render_notebooks(json.loads(path.read_text())))
         elif path.stem == "make-test-gpu":
             blocks.append(render_gpu_run(json.loads(path.read_text())))
+        elif path.stem.startswith("host-"):
+            blocks.append(render_host(path.stem, json.loads(path.read_text())))
+        elif path.stem.startswith("release-probe-"):
+            blocks.append(render_release_probe(json.loads(path.read_text())))
         elif path.stem.startswith("determinism-"):
             blocks.append(render_determinism(json.loads(path.read_text())))
         else:

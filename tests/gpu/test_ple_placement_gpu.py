@@ -14,6 +14,7 @@ import torch
 from helpers.bench import Configuration
 from helpers.measure import compare_logits
 from helpers.paths import GPU_TIER_DIR
+from helpers.records import split_host
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -77,7 +78,10 @@ def routes(tmp_path_factory):
         for record in filter(None, cache.values()):
             if "greedy_tokens" in record:
                 record["greedy_tokens_first_16"] = record.pop("greedy_tokens")[:16]
+        host = {route: split_host(record) for route, record in cache.items() if record}
         (GPU_TIER_DIR / f"{MODEL}-{QUANT}.json").write_text(json.dumps(cache, indent=1, sort_keys=True))
+        (GPU_TIER_DIR / f"host-{MODEL}-{QUANT}.json").write_text(json.dumps(
+            {route: figures for route, figures in host.items() if figures}, indent=1, sort_keys=True) + "\n")
 
 
 def ple_table_bytes(record):
