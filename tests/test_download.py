@@ -115,7 +115,8 @@ def spoil_through(proxy_plan, hub_mirror, folder):
     from huggingface_hub import snapshot_download
 
     with faults.FaultyProxy(hub_mirror.endpoint, proxy_plan) as proxy:
-        snapshot_download(REPO, local_dir=str(folder), endpoint=proxy.endpoint, token=False, allow_patterns=download.COURSE_PATTERNS)
+        snapshot_download(REPO, local_dir=str(folder), endpoint=proxy.endpoint, token=False, allow_patterns=download.COURSE_PATTERNS,
+                          max_workers=1)  # one file at a time: which file each fault spoils never depends on timing
     return proxy
 
 
