@@ -118,3 +118,18 @@ def test_a_number_typed_into_the_instructor_guide_is_caught(tmp_path, monkeypatc
     edited.write_text(tool.render().replace(" min", " minutes", 1))
     monkeypatch.setattr(tool, "GUIDE", edited)
     assert tool.main(["--check"]) == 1
+
+
+def test_a_failed_notebook_cell_on_a_card_is_named_under_the_table_with_its_exception(tmp_path, monkeypatch):
+    tool = _tool("render_results")
+    monkeypatch.setattr(tool, "GPU_TIER_DIR", tmp_path)
+    failure = ("Cell 11: Cell execution caused an exception\n#x1B[31mInsufficientGPUMemoryError#x1B[39m: 2.5 GB is free\n")
+    assertion = "----> 7     assert same['identical']\n\nAssertionError: \n"
+    (tmp_path / "notebooks-m-8-1.nbval.xml").write_text(
+        '<testsuites><testsuite><testcase classname="notebooks.02_quantization.ipynb" name="Cell 11">'
+        f'<failure>{failure}</failure></testcase><testcase classname="notebooks.02_quantization.ipynb" name="Cell 12"/>'
+        f'<testcase classname="notebooks.05_ple_offload.ipynb" name="Cell 6"><failure>{assertion}</failure></testcase>'
+        '</testsuite></testsuites>')
+    assert tool.failed_cells("m", "8 GB") == [("02_quantization.ipynb", "cell 11", "InsufficientGPUMemoryError: 2.5 GB is free"),
+                                              ("05_ple_offload.ipynb", "cell 6", "assert same['identical']")]
+    assert tool.failed_cells("m", "15 GB") == []

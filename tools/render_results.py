@@ -8,7 +8,9 @@ records (data/gpu-tier/).
 from __future__ import annotations
 
 import json
+import re
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +127,31 @@ def render_notebooks(record: dict) -> str:
                    for e in entries})
     lines.append("")
     lines += [f"On {gpu}, {date}, transformers {tf}, bitsandbytes {bnb}: `{command}`." for gpu, date, tf, bnb, command in runs]
+    failed = [f"- {label}, `{name}` {cell}: `{why}`" for label in labels for name, cell, why in failed_cells(record["model"], label)]
+    if failed:
+        lines += ["", "Cells that failed, from the run's JUnit files:", *failed]
     return "\n".join(lines)
+
+
+ANSI = re.compile(r"(\x1b|#x1B)\[[0-9;]*m")
+
+
+def failed_cells(model: str, label: str) -> list:
+    """(notebook, cell, the exception line or the failing assertion) from one card's JUnit files in data/gpu-tier."""
+    card = "uncapped" if label == "uncapped" else label.split()[0]
+    found = []
+    for junit in sorted(GPU_TIER_DIR.glob(f"notebooks-{model}-{card}-*.nbval.xml")):
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            if bad is None:
+                continue
+            text = ANSI.sub("", bad.text or bad.get("message") or "").splitlines()
+            errors = [line for line in text if re.match(r"^[A-Za-z_.]+(Error|Exception)\b", line)]
+            arrows = [line.split(" ", 2)[-1].strip() for line in text if line.startswith("---->")]
+            why = errors[-1] if errors and not errors[-1].rstrip().endswith(":") else (arrows[-1] if arrows else "?")
+            notebook = case.get("classname", "?").split(".ipynb")[0].split(".")[-1] + ".ipynb"
+            found.append((notebook, case.get("name", "?").lower(), why[:240]))
+    return found
 
 
 def placement_verdict(gpu: dict, cpu: dict) -> str:
