@@ -45,7 +45,7 @@ from .long_context import DEFAULT_CHUNK
 from .measure import DECODE_MODES, compare_logits
 from .paths import BUILD_DIR, MEASUREMENTS_DIR
 from .placement import PLACEMENTS
-from .records import speed_record
+from .records import HOST_PEAK_KEYS, speed_record
 
 MODELS = ("e4b-shape", "e2b-shape")
 MEMORY_CONTEXTS = (512, 1024, 2048, 4096, 8500, 16384, 32768)
@@ -207,8 +207,7 @@ TIMING_KEYS = ("decode_tokens_per_s", "seconds_per_token")
 # every record carries these, null where nothing was measured (a load that ran out of memory, a crash)
 RECORD_KEYS = ("model", "quant", "ple", "card_gb", "config_sha256", "gpu", "versions", "resident_bytes", "reserved_bytes",
                "peak_load_bytes", "prefill", "max_context", "decode_tokens_per_s", "greedy_sha256", "greedy_distinct_tokens",
-               "logits_sha256", "host_load_anon_peak_bytes", "host_load_file_peak_bytes", "host_generate_anon_peak_bytes",
-               "host_generate_file_peak_bytes", "command", "date")
+               "logits_sha256", *HOST_PEAK_KEYS, "command", "date")
 
 
 def without_timings(record: dict, jobs: int) -> dict:

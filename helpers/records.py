@@ -66,8 +66,10 @@ def gpu_tier(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU
     return json.loads(path.read_text())
 
 
-HOST_KEYS = ("host_load_anon_peak_bytes", "host_load_file_peak_bytes", "host_generate_anon_peak_bytes",
-             "host_generate_file_peak_bytes", "host_process_peak_bytes")
+# anonymous and file-backed peaks of load and generate: every benchmark record carries them (bench.RECORD_KEYS)
+HOST_PEAK_KEYS = ("host_load_anon_peak_bytes", "host_load_file_peak_bytes", "host_generate_anon_peak_bytes",
+                  "host_generate_file_peak_bytes")
+HOST_KEYS = (*HOST_PEAK_KEYS, "host_process_peak_bytes")
 
 
 def split_host(record: dict) -> dict:
@@ -79,11 +81,8 @@ def split_host(record: dict) -> dict:
 
 def gpu_tier_host(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU_TIER_DIR) -> dict:
     """Host memory per route (anonymous and file-backed peaks of load and generate), route -> record:
-    the GPU tier writes it beside its main record, from a run whose checkpoint was read from disk."""
-    path = Path(directory) / f"host-{model}-{quant}.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"No recorded host memory at {path}: run `GPU_RECORD=1 make test-gpu-tier` on a GPU.")
-    return json.loads(path.read_text())
+    the GPU tier writes it beside its main record."""
+    return gpu_tier_file(f"host-{model}-{quant}.json", directory)
 
 
 def gpu_tier_file(name: str, directory: Path = GPU_TIER_DIR) -> dict:

@@ -22,16 +22,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from helpers.paths import GPU_TIER_DIR  # noqa: E402
 
 
-def summarise(junit: Path) -> dict:
-    cells: dict = defaultdict(lambda: {"passed": 0, "failed": 0, "skipped": 0, "seconds": 0.0})
+def cells(junit: Path):
+    """(notebook, cell, outcome, seconds, the failure's text or None) for every cell nbval ran."""
     for case in ET.parse(junit).getroot().iter("testcase"):
         notebook = case.get("classname", "?").split(".ipynb")[0].split(".")[-1] + ".ipynb"
-        outcome = "failed" if case.find("failure") is not None or case.find("error") is not None else (
-            "skipped" if case.find("skipped") is not None else "passed")
-        cells[notebook][outcome] += 1
-        cells[notebook]["seconds"] += float(case.get("time") or 0)
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        outcome = "failed" if bad is not None else "skipped" if case.find("skipped") is not None else "passed"
+        text = None if bad is None else (bad.text or bad.get("message") or "")
+        yield notebook, case.get("name", "?"), outcome, float(case.get("time") or 0), text
+
+
+def summarise(junit: Path) -> dict:
+    counts_of: dict = defaultdict(lambda: {"passed": 0, "failed": 0, "skipped": 0, "seconds": 0.0})
+    for notebook, _, outcome, seconds, _ in cells(junit):
+        counts_of[notebook][outcome] += 1
+        counts_of[notebook]["seconds"] += seconds
     return {name: {**counts, "seconds": round(counts["seconds"], 1), "result": "pass" if counts["failed"] == 0 else "fail"}
-            for name, counts in sorted(cells.items())}
+            for name, counts in sorted(counts_of.items())}
 
 
 def card_label() -> str:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import re
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a clone: helpers without an install
 from helpers.paths import GPU_TIER_DIR, REPO_ROOT  # noqa: E402
+from tools import record_nbval  # noqa: E402  (the one reader of nbval's JUnit files)
 
 README = REPO_ROOT / "README.md"
 START, END = "<!-- results:start (tools/render_results.py) -->", "<!-- results:end -->"
@@ -141,16 +141,14 @@ def failed_cells(model: str, label: str) -> list:
     card = "uncapped" if label == "uncapped" else label.split()[0]
     found = []
     for junit in sorted(GPU_TIER_DIR.glob(f"notebooks-{model}-{card}-*.nbval.xml")):
-        for case in ET.parse(junit).getroot().iter("testcase"):
-            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-            if bad is None:
+        for notebook, cell, outcome, _, failure in record_nbval.cells(junit):
+            if outcome != "failed":
                 continue
-            text = ANSI.sub("", bad.text or bad.get("message") or "").splitlines()
+            text = ANSI.sub("", failure).splitlines()
             errors = [line for line in text if re.match(r"^[A-Za-z_.]+(Error|Exception)\b", line)]
             arrows = [line.split(" ", 2)[-1].strip() for line in text if line.startswith("---->")]
             why = errors[-1] if errors and not errors[-1].rstrip().endswith(":") else (arrows[-1] if arrows else "?")
-            notebook = case.get("classname", "?").split(".ipynb")[0].split(".")[-1] + ".ipynb"
-            found.append((notebook, case.get("name", "?").lower(), why[:240]))
+            found.append((notebook, cell.lower(), why[:240]))
     return found
 
 
