@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from pathlib import Path
 
+from .errors import InvalidChoiceError
 from .paths import CHAT_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR
 
 
@@ -72,8 +74,22 @@ HOST_PEAK_KEYS = ("host_load_anon_peak_bytes", "host_load_file_peak_bytes", "hos
 HOST_KEYS = (*HOST_PEAK_KEYS, "host_process_peak_bytes")
 
 
+def write_record(path, data) -> None:
+    """Write a record as JSON, whole or not at all: a crash mid-write leaves the previous file as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + ".partial")
+    try:
+        staging.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
 def split_host(record: dict) -> dict:
     """Take a route record's host-memory figures out of it, returned with what says where they come from."""
+    if not isinstance(record, dict):
+        raise InvalidChoiceError(f"record={record!r} is not a route record; pass the dict helpers.measure wrote.")
     host = {key: record.pop(key) for key in HOST_KEYS if key in record}
     return {**host, **{key: record[key] for key in ("model", "quant", "ple", "route", "gpu", "versions", "date", "command")
                        if key in record}} if host else {}

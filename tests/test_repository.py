@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -133,3 +135,28 @@ def test_a_failed_notebook_cell_on_a_card_is_named_under_the_table_with_its_exce
     assert tool.failed_cells("m", "8 GB") == [("02_quantization.ipynb", "cell 11", "InsufficientGPUMemoryError: 2.5 GB is free"),
                                               ("05_ple_offload.ipynb", "cell 6", "assert same['identical']")]
     assert tool.failed_cells("m", "15 GB") == []
+
+
+def test_a_record_that_cannot_be_written_whole_leaves_the_previous_file_and_no_partial_one(tmp_path, monkeypatch):
+    from helpers import records
+
+    target = tmp_path / "gpu-tier" / "e4b-shape-nf4.json"
+    records.write_record(target, {"ple-cpu": {"resident_bytes": 1}})
+    assert json.loads(target.read_text()) == {"ple-cpu": {"resident_bytes": 1}}
+
+    def killed(*args):
+        raise KeyboardInterrupt  # stopped after the new text was written, before it took the record's place
+
+    monkeypatch.setattr(records.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        records.write_record(target, {"ple-cpu": {"resident_bytes": 2}})
+    assert json.loads(target.read_text()) == {"ple-cpu": {"resident_bytes": 1}}
+    assert [p.name for p in target.parent.iterdir()] == ["e4b-shape-nf4.json"]
+
+
+def test_split_host_refuses_what_is_not_a_route_record_in_one_sentence():
+    from helpers.errors import InvalidChoiceError
+    from helpers.records import split_host
+
+    with pytest.raises(InvalidChoiceError, match="is not a route record"):
+        split_host(None)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
 from helpers.paths import GPU_TIER_DIR  # noqa: E402
+from helpers.records import write_record  # noqa: E402
 
 
 def cells(junit: Path):
@@ -77,8 +78,7 @@ def main(argv) -> int:
             record.setdefault("cards", {})["uncapped"] = record.pop("notebooks")
         card = record.setdefault("cards", {}).setdefault(card_label(), {})
         record_run(record, card, args, context_for(args, model))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        write_record(target, record)
     Path(str(target) + ".lock").unlink(missing_ok=True)
     print(card_label(), json.dumps({name: entry["result"] for name, entry in card.items()}))
     return 0

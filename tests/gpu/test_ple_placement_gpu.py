@@ -14,7 +14,7 @@ import torch
 from helpers.bench import Configuration
 from helpers.measure import compare_logits
 from helpers.paths import GPU_TIER_DIR
-from helpers.records import split_host
+from helpers.records import split_host, write_record
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -74,14 +74,12 @@ def routes(tmp_path_factory):
 
     yield run
     if os.environ.get("GPU_RECORD") == "1":
-        GPU_TIER_DIR.mkdir(parents=True, exist_ok=True)
         for record in filter(None, cache.values()):
             if "greedy_tokens" in record:
                 record["greedy_tokens_first_16"] = record.pop("greedy_tokens")[:16]
         host = {route: split_host(record) for route, record in cache.items() if record}
-        (GPU_TIER_DIR / f"{MODEL}-{QUANT}.json").write_text(json.dumps(cache, indent=1, sort_keys=True))
-        (GPU_TIER_DIR / f"host-{MODEL}-{QUANT}.json").write_text(json.dumps(
-            {route: figures for route, figures in host.items() if figures}, indent=1, sort_keys=True) + "\n")
+        write_record(GPU_TIER_DIR / f"{MODEL}-{QUANT}.json", cache)
+        write_record(GPU_TIER_DIR / f"host-{MODEL}-{QUANT}.json", {route: figures for route, figures in host.items() if figures})
 
 
 def ple_table_bytes(record):
