@@ -12,6 +12,7 @@ import os
 import shutil
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -287,18 +288,30 @@ def save_text_and_media_processors(config, tokenizer, dest: Path) -> bool:
 
 
 # Tensors are initialised and written one module at a time, never the whole model: an E4B-shaped
-# build then needs no GPU and about a gigabyte of host memory. Embedding tables above this size (the
-# PLE table is 5.6 GB) are initialised and written in row blocks of it.
+# build then needs no GPU and about a gigabyte of host memory per worker. Embedding tables above this
+# size (the PLE table is 5.6 GB) are initialised and written in row blocks of it.
 EMBEDDING_BLOCK_BYTES = 256 * 1024**2
 MAX_SHARD_BYTES = 2 * 10**9  # as save_pretrained(max_shard_size="2GB")
 SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16", torch.int64: "I64"}
+# Each module (and each row block of a large embedding) draws from its own seed, derived from the build's
+# seed and its name, so the bytes do not depend on the order the pieces are made in, and worker
+# processes can make them side by side. Bumped when that scheme changes: the marker records it and an
+# older build is rebuilt, not reused.
+INIT_SCHEME = 2
+# Below this size one process builds (tiny: a second); above it, up to MAX_WORKERS processes, each
+# holding one module or row block at a time, about a gigabyte with its libraries.
+PARALLEL_FROM_BYTES = 512 * 1024**2
+MAX_WORKERS = 8
+WORKER_BYTES = 10**9
 
 
-def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = False, progress: bool = True) -> Path:
+def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = False, progress: bool = True,
+          workers: int | None = None) -> Path:
     """Build (or reuse) a synthetic checkpoint and return its folder.
 
     ``shape`` is ``tiny``, ``e2b-shape``, ``e4b-shape``, or a config object/dict for any other
-    Gemma 4 shape. The build needs no GPU and bounded host memory (tensor by tensor). It is atomic:
+    Gemma 4 shape. The build needs no GPU and bounded host memory (module by module, in ``workers``
+    processes side by side; ``None`` picks by size, CPUs and free memory). It is atomic:
     written to a hidden sibling folder and renamed into place only once complete, so an interrupted
     build leaves nothing that looks like a checkpoint. Concurrent calls for the same folder build it once.
     """
@@ -308,12 +321,14 @@ def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = Fa
     require_whole_number(seed, "seed", minimum=0)
     require_bool(force, "force")
     require_bool(progress, "progress")
+    if workers is not None:
+        require_whole_number(workers, "workers", minimum=1)
     if dest is not None and not isinstance(dest, (str, os.PathLike)):
         raise InvalidChoiceError(f"dest={dest!r} is not a folder path; pass a str or pathlib.Path, or leave it out.")
     dest = Path(dest) if dest is not None else default_destination(shape)
     if dest.exists() and not dest.is_dir():
         raise InvalidChoiceError(f"dest={str(dest)!r} is a file; choose an empty or new folder for the checkpoint.")
-    if (is_complete(dest) and not force and _text_format(dest) == TEXT_FORMAT
+    if (is_complete(dest) and not force and _text_format(dest) == TEXT_FORMAT and _init_scheme(dest) == INIT_SCHEME
             and not _siblings(dest, "partial") + _siblings(dest, "old")):
         return dest  # the common case, without waiting for the lock
     # several processes may ask at once (bench --jobs, the GPU tier): one builds, the others wait
@@ -323,15 +338,20 @@ def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = Fa
     writable_folder(dest.parent)
     with FileLock(str(locks / (hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:16] + ".lock"))):
         _recover(dest)
-        if is_complete(dest) and not force:
+        if is_complete(dest) and not force and _init_scheme(dest) == INIT_SCHEME:
             if _text_format(dest) != TEXT_FORMAT:
                 _refresh_text_files(config, dest)
             return dest
-        return _build_unlocked(shape, config, dest, seed, progress)
+        return _build_unlocked(shape, config, dest, seed, progress, workers)
 
 
 def _text_format(path: Path) -> int:
     return json.loads((Path(path) / COMPLETE_MARKER).read_text()).get("text_format", 1)
+
+
+def _init_scheme(path: Path) -> int:
+    """How the build's weights were drawn: 1 (one random stream in file order) before ``INIT_SCHEME`` 2."""
+    return json.loads((Path(path) / COMPLETE_MARKER).read_text()).get("init_scheme", 1)
 
 
 def _refresh_text_files(config, dest: Path) -> None:
@@ -369,7 +389,7 @@ def _recover(dest: Path) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Path:
+def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool, workers: int | None = None) -> Path:
     if dest.exists() and not is_complete(dest) and any(dest.iterdir()):
         raise InvalidChoiceError(
             f"{dest} exists and is not a synthetic checkpoint; choose an empty or new folder."
@@ -379,7 +399,8 @@ def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Pat
     started = time.time()
     try:
         staging.mkdir()
-        hashes = write_weights(config, staging, seed=seed, progress=progress, desc=f"build {shape_name}")
+        hashes, workers, workers_peak = write_weights(config, staging, seed=seed, progress=progress, desc=f"build {shape_name}",
+                                             workers=workers)
         full_processor = save_text_and_media_processors(config, build_tokenizer(config), staging)
         hashes.update({path.name: checksums.sha256(path) for path in sorted(staging.iterdir()) if path.name not in hashes})
         _write_atomically(
@@ -391,8 +412,11 @@ def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool) -> Pat
                     "config_sha256_12": config_fingerprint(config),
                     "full_processor": full_processor,
                     "text_format": TEXT_FORMAT,
+                    "init_scheme": INIT_SCHEME,
+                    "workers": workers,
                     "built_in_s": round(time.time() - started, 1),
-                    "peak_rss_bytes": peak_rss_bytes(),
+                    # the builder's peak plus each worker's: an upper bound on the host memory held at once
+                    "peak_rss_bytes": peak_rss_bytes() + workers_peak,
                     "sha256": hashes,
                     "note": "random weights: memory figures are real, generated text is not",
                 },
@@ -510,7 +534,13 @@ def _header(shard) -> bytes:
     return len(text).to_bytes(8, "little") + text
 
 
-def _materialise(model, module_name: str, fills: dict):
+def piece_seed(seed: int, module_name: str, first_row: int | None = None) -> int:
+    """The seed one module (or the row block from ``first_row`` of a large embedding) is initialised from."""
+    key = f"{seed}/{module_name}" + ("" if first_row is None else f"/rows-{first_row}")
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:7], "little")
+
+
+def _materialise(model, module_name: str, fills: dict, seed: int):
     """Give one module real CPU tensors, initialised by the model's own ``_init_weights``."""
     module = model.get_submodule(module_name)
     for attribute, tensor in list(module._parameters.items()):
@@ -520,6 +550,7 @@ def _materialise(model, module_name: str, fills: dict):
     for attribute, tensor in list(module._buffers.items()):
         if tensor is not None:
             module._buffers[attribute] = torch.empty_like(tensor, device="cpu")
+    torch.manual_seed(piece_seed(seed, module_name))
     with torch.no_grad():
         model._init_weights(module)
         if module_name in fills:
@@ -536,19 +567,23 @@ def _release(module) -> None:
             module._buffers[attribute] = tensor.to("meta")
 
 
-def _embedding_blocks(model, module):
-    """A large embedding table in row blocks, each initialised by ``_init_weights`` as an
+def _block_rows(module) -> int:
+    return max(1, EMBEDDING_BLOCK_BYTES // (module.weight.shape[1] * module.weight.element_size()))
+
+
+def _embedding_block(model, module_name: str, rows: tuple, seed: int) -> torch.Tensor:
+    """Rows ``start:stop`` of a large embedding table, initialised by ``_init_weights`` as an
     ``nn.Embedding`` of those rows (normal init, the padding row zeroed where it falls)."""
-    rows, width = module.weight.shape
-    block_rows = max(1, EMBEDDING_BLOCK_BYTES // (width * module.weight.element_size()))
-    for start in range(0, rows, block_rows):
-        stop = min(rows, start + block_rows)
-        block = torch.nn.Embedding(stop - start, width, device="cpu", dtype=module.weight.dtype, _freeze=True)
-        pad = module.padding_idx
-        block.padding_idx = pad - start if pad is not None and start <= pad < stop else None
-        with torch.no_grad():
-            model._init_weights(block)
-        yield block.weight.detach()
+    module = model.get_submodule(module_name)
+    start, stop = rows
+    width = module.weight.shape[1]
+    piece = torch.nn.Embedding(stop - start, width, device="cpu", dtype=module.weight.dtype, _freeze=True)
+    pad = module.padding_idx
+    piece.padding_idx = pad - start if pad is not None and start <= pad < stop else None
+    torch.manual_seed(piece_seed(seed, module_name, start))
+    with torch.no_grad():
+        model._init_weights(piece)
+    return piece.weight.detach()
 
 
 def _is_blocked(module, attribute: str) -> bool:
@@ -556,13 +591,102 @@ def _is_blocked(module, attribute: str) -> bool:
             and module.weight.numel() * module.weight.element_size() > EMBEDDING_BLOCK_BYTES)
 
 
-def write_weights(config, folder: Path, *, seed: int = DEFAULT_SEED, progress: bool = True, desc: str = "weights") -> dict:
+@dataclass(frozen=True)
+class Piece:
+    """One unit of work: a module's tensors (or rows ``start:stop`` of a large embedding), and where
+    in which shard file each tensor's bytes go. It carries every size, so a worker needs none of this
+    module's settings."""
+
+    module_name: str
+    rows: tuple | None
+    writes: tuple  # ((attribute, file name, byte offset), ...)
+    nbytes: int
+
+
+def _pieces(model, shards, names) -> list:
+    """Every piece of the checkpoint, with the file offsets its bytes are written at (after each
+    shard's header, in the order the header lists the tensors)."""
+    by_module, pieces = {}, []
+    for file_name, shard in zip(names, shards):
+        offset = len(_header(shard))
+        for _, module_name, attribute, tensor in shard:
+            nbytes = tensor.numel() * tensor.element_size()
+            module = model.get_submodule(module_name)
+            if _is_blocked(module, attribute):
+                count, row_bytes = module.weight.shape[0], module.weight.shape[1] * module.weight.element_size()
+                for start in range(0, count, _block_rows(module)):
+                    stop = min(count, start + _block_rows(module))
+                    pieces.append(Piece(module_name, (start, stop), (("weight", file_name, offset + start * row_bytes),),
+                                        (stop - start) * row_bytes))
+            else:
+                by_module.setdefault(module_name, []).append((attribute, file_name, offset, nbytes))
+            offset += nbytes
+    for module_name, writes in by_module.items():
+        pieces.append(Piece(module_name, None, tuple(w[:3] for w in writes), sum(w[3] for w in writes)))
+    return sorted(pieces, key=lambda piece: -piece.nbytes)  # largest first: the workers finish together
+
+
+def _write_piece(model, fills: dict, seed: int, folder: Path, piece: Piece) -> int:
+    if piece.rows is not None:
+        (_, file_name, offset), = piece.writes
+        _write_at(folder / file_name, offset, _raw_bytes(_embedding_block(model, piece.module_name, piece.rows, seed)))
+        return piece.nbytes
+    module = _materialise(model, piece.module_name, fills, seed)
+    try:
+        for attribute, file_name, offset in piece.writes:
+            _write_at(folder / file_name, offset, _raw_bytes(getattr(module, attribute)))
+    finally:
+        _release(module)
+    return piece.nbytes
+
+
+def _write_at(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(data)
+
+
+def _raw_bytes(tensor: torch.Tensor) -> bytes:
+    """A tensor's bytes as safetensors stores them (little-endian, row-major; scalars too)."""
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+# A worker process keeps its own meta skeleton between pieces.
+_WORKER = {}
+
+
+def _start_worker(config, seed: int, folder: str) -> None:
+    torch.set_num_threads(1)  # the workers are the parallelism; a thread pool each would oversubscribe
+    model = skeleton(config)
+    _WORKER.update(model=model, fills=course_init_fills(model), seed=seed, folder=Path(folder))
+
+
+def _worker_piece(piece: Piece) -> tuple:
+    from .host_memory import peak_rss_bytes as worker_peak
+
+    written = _write_piece(_WORKER["model"], _WORKER["fills"], _WORKER["seed"], _WORKER["folder"], piece)
+    return written, os.getpid(), worker_peak()
+
+
+def default_workers(total_bytes: int) -> int:
+    """One process for a small build; else one per CPU, at most ``MAX_WORKERS`` and as many as the
+    available host memory holds at ``WORKER_BYTES`` each."""
+    if total_bytes < PARALLEL_FROM_BYTES:
+        return 1
+    import psutil
+
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS, psutil.virtual_memory().available // WORKER_BYTES - 1))
+
+
+def write_weights(config, folder: Path, *, seed: int = DEFAULT_SEED, progress: bool = True, desc: str = "weights",
+                  workers: int | None = None) -> tuple:
     """Write config, generation config and safetensors shards (with their index) into ``folder``,
-    as ``save_pretrained`` lays them out, initialising one module at a time on the CPU.
-    Returns ``{file name: sha256}`` for the shards."""
+    as ``save_pretrained`` lays them out, initialising one module at a time on the CPU, in
+    ``workers`` processes side by side (``None``: ``default_workers``).
+    Returns ``({file name: sha256} for the shards, the number of worker processes, and their peak
+    resident bytes added up)``: 0 workers where the calling process built it alone."""
     from tqdm.auto import tqdm
 
-    torch.manual_seed(seed)
     model = skeleton(config)
     model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(folder)
@@ -571,53 +695,50 @@ def write_weights(config, folder: Path, *, seed: int = DEFAULT_SEED, progress: b
     shards = _shards(_tensors_to_write(model))
     names = (["model.safetensors"] if len(shards) == 1 else
              [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)])
-    total = sum(t.numel() * t.element_size() for shard in shards for *_, t in shard)
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress)
-    hashes, weight_map, pending, remaining = {}, {}, {}, {}
-    for shard in shards:
-        for _, module_name, _, _ in shard:
-            remaining[module_name] = remaining.get(module_name, 0) + 1
-    try:
-        for file_name, shard in zip(names, shards):
-            header = _header(shard)
-            digest = hashlib.sha256(header)
-            with open(folder / file_name, "wb") as handle:
-                handle.write(header)
-                for chunk in _tensor_bytes(model, shard, fills, pending, remaining):
-                    handle.write(chunk)
-                    digest.update(chunk)
-                    bar.update(len(chunk))
-            hashes[file_name] = digest.hexdigest()
-            weight_map.update({name: file_name for name, *_ in shard})
-    finally:
-        bar.close()
+    for file_name, shard in zip(names, shards):
+        header = _header(shard)
+        with open(folder / file_name, "wb") as handle:
+            handle.write(header)
+            handle.truncate(len(header) + sum(t.numel() * t.element_size() for *_, t in shard))
+    pieces = _pieces(model, shards, names)
+    total = sum(piece.nbytes for piece in pieces)
+    workers = default_workers(total) if workers is None else workers
+    peaks = {}
+    with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
+        if workers <= 1:
+            with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
+                for piece in pieces:
+                    bar.update(_write_piece(model, fills, seed, folder, piece))
+        else:
+            peaks = _write_in_workers(config, seed, folder, pieces, workers, bar)
     if len(shards) > 1:
+        weight_map = {name: file_name for file_name, shard in zip(names, shards) for name, *_ in shard}
         (folder / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2) + "\n")
-    return hashes
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, min(len(names), os.cpu_count() or 1))) as pool:  # hashlib lets go of the GIL
+        digests = dict(zip(names, pool.map(lambda name: checksums.sha256(folder / name), names)))
+    return digests, len(peaks), sum(peaks.values())
 
 
-def _raw_bytes(tensor: torch.Tensor) -> bytes:
-    """A tensor's bytes as safetensors stores them (little-endian, row-major; scalars too)."""
-    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+def _write_in_workers(config, seed: int, folder: Path, pieces: list, workers: int, bar) -> dict:
+    """The pieces in ``workers`` spawned processes (spawn: safe beside torch's threads, and the only
+    start method on Windows). Returns each worker's peak resident bytes."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
-
-def _tensor_bytes(model, shard, fills: dict, pending: dict, remaining: dict):
-    """The bytes of one shard's tensors, materialising a module when its first tensor is due and
-    releasing it after its last one (``remaining`` counts over all shards)."""
-    for _, module_name, attribute, _ in shard:
-        meta_module = model.get_submodule(module_name)
-        if _is_blocked(meta_module, attribute):
-            for block in _embedding_blocks(model, meta_module):
-                yield _raw_bytes(block)
-        else:
-            module = pending.get(module_name) or _materialise(model, module_name, fills)
-            pending[module_name] = module
-            tensor = getattr(module, attribute)
-            yield _raw_bytes(tensor)
-        remaining[module_name] -= 1
-        if remaining[module_name] == 0 and module_name in pending:
-            _release(pending.pop(module_name))
+    peaks = {}
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_start_worker, initargs=(config, seed, str(folder)))
+    try:
+        for future in as_completed([pool.submit(_worker_piece, piece) for piece in pieces]):
+            written, pid, peak = future.result()  # a worker's error is raised here, and the rest cancelled
+            peaks[pid] = max(peaks.get(pid, 0), peak)
+            bar.update(written)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return peaks
 
 
 def main(argv=None) -> int:
@@ -628,20 +749,24 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Build a synthetic Gemma 4 checkpoint (no GPU needed).")
     parser.add_argument("shape", choices=list(SHAPES))
     parser.add_argument("--force", action="store_true", help="rebuild even if a complete checkpoint exists")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes that build side by side (default: by size, CPUs and free memory)")
     parser.add_argument("--record", action="store_true", help=f"write the build's time and peak host memory to {BUILDS_DIR}/")
     args = parser.parse_args(argv)
-    path = build(args.shape, force=args.force)
+    path = build(args.shape, force=args.force, workers=args.workers)
     marker = json.loads((path / COMPLETE_MARKER).read_text())
-    print(f"{path}: built in {marker['built_in_s']} s, peak host memory {marker['peak_rss_bytes'] / 1e9:.2f} GB")
+    print(f"{path}: built in {marker['built_in_s']} s by {marker.get('workers', 0) or 'one'} process(es) beside the builder, "
+          f"peak host memory {marker['peak_rss_bytes'] / 1e9:.2f} GB")
     if args.record:
         import psutil
 
         BUILDS_DIR.mkdir(parents=True, exist_ok=True)
-        record = {key: marker[key] for key in ("shape", "seed", "config_sha256_12", "built_in_s", "peak_rss_bytes")}
+        record = {key: marker[key] for key in ("shape", "seed", "config_sha256_12", "init_scheme", "workers", "built_in_s",
+                                               "peak_rss_bytes")}
         record.update(cpus=_os.cpu_count(), ram_bytes=psutil.virtual_memory().total, gpu_used=False,
                       platform=f"{platform.system()} {platform.machine()}", torch=torch.__version__,
                       date=time.strftime("%Y-%m-%d"), command=f"python -m helpers.synthetic {args.shape} --force --record")
-        (BUILDS_DIR / f"{args.shape}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        _write_atomically(BUILDS_DIR / f"{args.shape}.json", json.dumps(record, indent=1, sort_keys=True) + "\n")
     return 0
 
 

@@ -143,6 +143,21 @@ def test_an_image_part_renders_the_image_placeholder_beside_the_text(tiny_tokeni
     assert text == "<bos><|turn>user\n<|image|>What is it?<turn|>\n<|turn>model\n"
 
 
+def test_byte_pieces_that_are_not_utf8_may_stream_differently_but_the_widget_ends_on_the_whole_decode(
+        tiny_model, processor, monkeypatch):
+    import html
+
+    pieces = byte_piece_ids(processor)
+    allowed = set(pieces) | {chat.text_of(processor).convert_tokens_to_ids("\n")}
+    vocabulary = tiny_model.get_output_embeddings().weight.shape[0]
+    monkeypatch.setattr(tiny_model.generation_config, "suppress_tokens", [i for i in range(vocabulary) if i not in allowed])
+    turn = greedy_chat(tiny_model, processor, max_new_tokens=24).ask(QUESTION, display=False)
+    reply = turn.wait()
+    assert set(reply.new_ids) <= allowed and len(set(reply.new_ids)) > 4
+    assert "\ufffd" in reply.text  # the bytes are not UTF-8: this is the case the test is about
+    assert html.escape(reply.text) in turn.text_area.value  # what stays on screen is the whole decode
+
+
 def test_a_reply_stopped_mid_thought_has_a_thought_and_no_answer():
     assert chat.split_thought("<|channel>thought\nA<channel|>B") == ("A", "B")
     assert chat.split_thought("<|channel>thought\nstill thinking") == ("still thinking", "")
@@ -153,7 +168,15 @@ def greedy_chat(model, processor, **options):
     return chat.Chat(model, processor, sampling=chat.Sampling.greedy(), **options)
 
 
-def test_streamed_pieces_join_to_the_decoded_new_tokens_without_the_prompt(tiny_model, processor):
+def byte_piece_ids(processor) -> list:
+    return sorted(i for piece, i in chat.text_of(processor).get_vocab().items() if piece.startswith("<0x"))
+
+
+def test_streamed_pieces_join_to_the_decoded_new_tokens_without_the_prompt(tiny_model, processor, monkeypatch):
+    # random weights string byte pieces into runs that are not UTF-8, which the streamer and a whole
+    # decode spell differently (the next test); text a trained model writes is UTF-8
+    monkeypatch.setattr(tiny_model.generation_config, "suppress_tokens",
+                        byte_piece_ids(processor) + sorted(chat.stop_token_ids(tiny_model)))  # and a long reply
     reply = greedy_chat(tiny_model, processor, max_new_tokens=24).ask(QUESTION, display=False).wait()
     assert reply.stopped_by in ("max_new_tokens", "stop token") and len(reply.new_ids) <= 24
     assert len(set(reply.new_ids)) > 4  # random weights can collapse to one token: this reply varies

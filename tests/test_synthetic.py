@@ -102,15 +102,15 @@ def test_a_large_embedding_is_initialised_in_row_blocks_with_the_padding_row_zer
     from safetensors.torch import load_file
 
     blocks = []
-    real = synthetic._embedding_blocks
+    real = synthetic._embedding_block
 
-    def counted(model, module):
-        for block in real(model, module):
-            blocks.append(block.shape[0])
-            yield block
+    def counted(model, module_name, rows, seed):
+        block = real(model, module_name, rows, seed)
+        blocks.append(block.shape[0])
+        return block
 
     monkeypatch.setattr(synthetic, "EMBEDDING_BLOCK_BYTES", 64 * 64 * 2)  # 64 rows of tiny's width
-    monkeypatch.setattr(synthetic, "_embedding_blocks", counted)
+    monkeypatch.setattr(synthetic, "_embedding_block", counted)
     weights = load_file(synthetic.build("tiny", tmp_path / "blocked", progress=False) / "model.safetensors")
     table = weights["model.language_model.embed_tokens.weight"].float()
     assert len(blocks) >= 5 and sum(blocks) >= table.shape[0]
@@ -118,6 +118,42 @@ def test_a_large_embedding_is_initialised_in_row_blocks_with_the_padding_row_zer
     assert torch.count_nonzero(table[pad]) == 0 and torch.count_nonzero(table[pad + 1]) > 0
     assert table.std().item() == pytest.approx(0.02, rel=0.1)
     assert len({tuple(block[:2]) for block in table.split(64)}) > 1  # blocks are not copies of one another
+
+
+def test_worker_processes_write_the_same_bytes_as_one_process_so_a_build_does_not_depend_on_the_machine(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(synthetic, "MAX_SHARD_BYTES", 200_000)  # several shards, written side by side
+    monkeypatch.setattr(synthetic, "EMBEDDING_BLOCK_BYTES", 64 * 64 * 2)
+    alone = synthetic.build("tiny", tmp_path / "alone", progress=False, workers=1)
+    side_by_side = synthetic.build("tiny", tmp_path / "side-by-side", progress=False, workers=2)
+    markers = [json.loads((path / synthetic.COMPLETE_MARKER).read_text()) for path in (alone, side_by_side)]
+    assert (markers[0]["workers"], markers[1]["workers"]) == (0, 2)
+    shards = sorted(name for name in markers[0]["sha256"] if name.endswith(".safetensors"))
+    assert len(shards) > 1
+    assert all(markers[0]["sha256"][name] == markers[1]["sha256"][name] for name in shards)
+    assert markers[1]["peak_rss_bytes"] > markers[0]["peak_rss_bytes"]  # the workers' memory is counted too
+
+
+def test_each_module_draws_from_its_own_seed_so_two_modules_of_one_shape_differ():
+    model = synthetic.skeleton(synthetic.gemma4_config("tiny"))
+    fills = synthetic.course_init_fills(model)
+    first, second = (synthetic._materialise(model, f"model.language_model.layers.{i}.mlp.gate_proj", fills, 0).weight.clone()
+                     for i in (0, 1))
+    again = synthetic._materialise(model, "model.language_model.layers.0.mlp.gate_proj", fills, 0).weight
+    assert first.shape == second.shape and not torch.equal(first, second)
+    assert torch.equal(first, again)  # the same module, made again (by another worker), is the same
+    assert synthetic.piece_seed(0, "a") != synthetic.piece_seed(1, "a") != synthetic.piece_seed(0, "a", 0)
+
+
+def test_a_build_drawn_by_the_older_single_stream_init_is_rebuilt_not_reused(tmp_path):
+    path = synthetic.build("tiny", tmp_path / "old", progress=False)
+    marker = json.loads((path / synthetic.COMPLETE_MARKER).read_text())
+    marker.pop("init_scheme")
+    (path / synthetic.COMPLETE_MARKER).write_text(json.dumps(marker))
+    (path / "model.safetensors").write_bytes(b"drawn the old way")
+    assert synthetic.build("tiny", path, progress=False) == path
+    assert json.loads((path / synthetic.COMPLETE_MARKER).read_text())["init_scheme"] == synthetic.INIT_SCHEME
+    assert set(synthetic.verify(path).values()) == {"ok"}
 
 
 def test_the_course_init_scales_q_k_and_post_norms_and_nothing_else(tiny_path):
