@@ -51,8 +51,7 @@ from .planner import PATHS, decode_bytes_per_token, largest_true
 from .records import environment
 from .weights import meta_model
 
-# cuBLAS picks reduction orders run to run unless its workspace is fixed: without this, two greedy runs
-# of one model in one process drifted apart on the H200 (PyTorch's reproducibility notes)
+# cuBLAS picks reduction orders run to run unless its workspace is fixed (PyTorch's reproducibility notes)
 DETERMINISTIC_CUBLAS = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nudged", "ple-cpu-fp16")
 # --decode modes: None = plain generate; otherwise the torch.compile mode of decoding.Decoder
@@ -110,6 +109,33 @@ def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32, *, keep_l
     return result
 
 
+def reproducible_kernels() -> str:
+    """Make two runs of one model compute bit for bit the same on a GPU, so that a comparison of two
+    placements can claim identity: cuBLAS with a fixed workspace (read at its first call, so call this
+    before the first matmul) and scaled-dot-product attention kept off cuDNN. With cuDNN's attention, two
+    greedy runs of E4B-shaped NF4 in one process on the H200 drifted apart after about 230 steps; with the
+    flash, memory-efficient and math kernels they repeat exactly (``tools/determinism_probe.py``).
+    Returns what it set, for the notebook to print."""
+    for key, value in DETERMINISTIC_CUBLAS.items():
+        os.environ.setdefault(key, value)
+    settings = [f"{key}={os.environ[key]}" for key in DETERMINISTIC_CUBLAS]
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        settings.append("attention off cuDNN (torch.backends.cuda.enable_cudnn_sdp(False))")
+    return "; ".join(settings)
+
+
+def math_attention():
+    """Attention through the math kernel only, for comparing two decode paths bit for bit. A fused kernel
+    (the CPU's flash attention) rounds by the keys' length and by how the step was traced: on tiny, a step
+    traced by dynamo differed from the same step run eagerly by one bf16 ulp in some logits, and a static
+    cache's padded keys changed plain ``generate``'s bits; under the math kernel both are identical
+    (``tests/test_decoding.py``)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
+
+
 def compare_logits(reference: torch.Tensor, candidate: torch.Tensor, steps: int | None = None) -> dict:
     """Bit-for-bit comparison of two runs' logits, every vocabulary entry of the first ``steps``
     steps (all by default), and the first step where they differ (None: nowhere)."""
@@ -123,9 +149,9 @@ def compare_logits(reference: torch.Tensor, candidate: torch.Tensor, steps: int 
 
 
 def self_consistent_steps(first: torch.Tensor, second: torch.Tensor) -> int:
-    """How many leading steps two runs of the same model agree on bit for bit. On the H200, E4B-shaped
-    NF4 agrees with itself only up to about 256 positions (tools/determinism_probe.py): a comparison
-    of two placements can claim identity only where each placement is identical to itself."""
+    """How many leading steps two runs of the same model agree on bit for bit: a comparison of two
+    placements can claim identity only where each placement is identical to itself. With
+    ``reproducible_kernels()`` that is every step on the H200; without it, about 230 of E4B-shaped NF4's."""
     first_difference = compare_logits(first, second)["first_difference"]
     return min(len(first), len(second)) if first_difference is None else first_difference
 
@@ -490,8 +516,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile-steps", type=int, default=16, help="decode steps the profile covers")
     parser.add_argument("--json", type=Path, required=True, help="where to write the record")
     args = parser.parse_args(argv)
-    for key, value in DETERMINISTIC_CUBLAS.items():
-        os.environ.setdefault(key, value)  # before the first cuBLAS call
+    reproducible_kernels()  # before the first cuBLAS call
     if not torch.cuda.is_available():
         print("helpers.measure needs a CUDA GPU; run it on a GPU machine (or Colab with a GPU runtime).")
         return 2

@@ -662,10 +662,8 @@ def _start_worker(config, seed: int, folder: str) -> None:
 
 
 def _worker_piece(piece: Piece) -> tuple:
-    from .host_memory import peak_rss_bytes as worker_peak
-
     written = _write_piece(_WORKER["model"], _WORKER["fills"], _WORKER["seed"], _WORKER["folder"], piece)
-    return written, os.getpid(), worker_peak()
+    return written, os.getpid(), peak_rss_bytes()
 
 
 def default_workers(total_bytes: int) -> int:

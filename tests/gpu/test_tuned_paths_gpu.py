@@ -10,6 +10,7 @@ from helpers import decoding, loading, long_context, measure
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 NEW = 48
+measure.reproducible_kernels()  # at import, before any test's first matmul: runs repeat bit for bit
 
 
 @pytest.fixture(scope="module")
