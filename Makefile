@@ -107,7 +107,7 @@ test-gpu-notebooks:
 ## every process is capped, so they share one big GPU and the CPU cores (OMP_NUM_THREADS split between them)
 GPU_NOTEBOOK_GROUPS ?= 0[0-4] 0[56] 0[7-9]
 test-gpu-cards:
-	@# built once here, both at once (minutes each on a GPU box's CPU): a build under an 8 GB cap would only wait on the others' lock
+	@# built once here, both at once (each by worker processes side by side): a build under an 8 GB cap would only wait on the others' lock
 	@PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) -m helpers.synthetic $${GEMMA_MODEL:-e4b-shape} & first=$$!; \
 	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) -m helpers.synthetic e2b-shape & second=$$!; \
 	wait $$first && wait $$second || exit 1; \

@@ -4,6 +4,7 @@ breaks; a compiled step without int inputs; a profile a learner can open. Speeds
 
 import contextlib
 import json
+import os
 
 import pytest
 import torch
@@ -216,3 +217,15 @@ def test_the_tuned_decode_refuses_a_batch_and_settings_of_the_wrong_kind(nf4, id
         decoding.TunedGreedy(nf4, "reduce-overhead")
     with pytest.raises(CourseError, match="batch 1"):
         decoding.TunedGreedy(nf4, decoding.Decoder(compile=None)).greedy(ids.repeat(2, 1), 2)
+
+
+def test_reproducible_kernels_fix_cublas_and_keep_attention_off_cudnn_whose_runs_drift_apart(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        said = measure.reproducible_kernels()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and "cuDNN" in said
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)

@@ -336,3 +336,15 @@ def greedy_distinct_tokens_at_e4b_width(post_norm_scale: float, tokens: int = 48
 def test_at_e4b_width_the_course_init_keeps_greedy_output_varied_where_the_default_repeats_one_token():
     assert greedy_distinct_tokens_at_e4b_width(synthetic.POST_NORM_SCALE) >= 5
     assert greedy_distinct_tokens_at_e4b_width(1.0) <= 2  # the control: the library's default init collapses
+
+
+@pytest.mark.parametrize("cpus, available_gb, workers", [(16, 128, 8), (16, 10, 3), (2, 24, 2), (8, 2, 1)])
+def test_a_large_build_uses_at_most_half_the_free_memory_so_a_small_machine_is_not_swamped(
+        monkeypatch, cpus, available_gb, workers):
+    import psutil
+
+    monkeypatch.setattr(synthetic.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": available_gb * 1e9})())
+    assert synthetic.default_workers(16 * 10**9) == workers
+    assert workers * synthetic.WORKER_BYTES <= max(available_gb * 1e9 / 2, synthetic.WORKER_BYTES)
+    assert synthetic.default_workers(synthetic.PARALLEL_FROM_BYTES - 1) == 1  # tiny: one process, no spawning
