@@ -165,13 +165,21 @@ def placement_verdict(gpu: dict, cpu: dict) -> str:
 
 
 def render_determinism(record: dict) -> str:
-    runs = ", ".join(str(r["first_differing_step"]) for r in record["gpu_run_to_run"])
-    return (f"**Is the GPU bit-reproducible?** `{record['command']}` on {record['gpu']}, {record['date']}: the same "
-            f"{record['model']} NF4 model, PLE on GPU, run again in the same process differs from step {runs} of "
-            f"{record['new_tokens']} (with `torch.use_deterministic_algorithms` too: step "
-            f"{record['deterministic_algorithms_run_to_run']['first_differing_step']}); PLE on CPU against PLE on GPU "
-            f"first differs at step {record['cpu_vs_gpu_placement']['first_differing_step']}. Identity between "
-            "placements is therefore checked over the steps where each agrees with itself.")
+    """The determinism probe's record, older ones (no settings, cuDNN's attention allowed) too."""
+    def at(result) -> str:
+        return "never" if result["first_differing_step"] is None else f"step {result['first_differing_step']}"
+
+    settings = record.get("settings", "CUBLAS_WORKSPACE_CONFIG=:4096:8, cuDNN's attention allowed")
+    found = [f"the same {record['model']} NF4 model, PLE on GPU, run again in the same process first differs: "
+             f"{', '.join(at(r) for r in record['gpu_run_to_run'])} (of {record['new_tokens']} steps)"]
+    if "deterministic_algorithms_run_to_run" in record:
+        found.append(f"with `torch.use_deterministic_algorithms` too: {at(record['deterministic_algorithms_run_to_run'])}")
+    if "cudnn_attention_run_to_run" in record:
+        found.append(f"with cuDNN's attention allowed again, two runs first differ: {at(record['cudnn_attention_run_to_run'])}")
+    found.append(f"PLE on CPU against PLE on GPU first differs: {at(record['cpu_vs_gpu_placement'])}")
+    return (f"**Is the GPU bit-reproducible?** `{record['command']}` on {record['gpu']}, {record['date']} ({settings}): "
+            + "; ".join(found) + ". Identity between placements is therefore checked over the steps where each agrees "
+            "with itself.")
 
 
 def _peak_at(record, context):
