@@ -330,7 +330,7 @@ def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = Fa
     dest = Path(dest) if dest is not None else default_destination(shape)
     if dest.exists() and not dest.is_dir():
         raise InvalidChoiceError(f"dest={str(dest)!r} is a file; choose an empty or new folder for the checkpoint.")
-    if (is_complete(dest) and not force and _text_format(dest) == TEXT_FORMAT and _init_scheme(dest) == INIT_SCHEME
+    if (is_complete(dest) and not force and _formats(dest) == (TEXT_FORMAT, INIT_SCHEME)
             and not _siblings(dest, "partial") + _siblings(dest, "old")):
         return dest  # the common case, without waiting for the lock
     # several processes may ask at once (bench --jobs, the GPU tier): one builds, the others wait
@@ -340,20 +340,19 @@ def build(shape="tiny", dest=None, *, seed: int = DEFAULT_SEED, force: bool = Fa
     writable_folder(dest.parent)
     with FileLock(str(locks / (hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:16] + ".lock"))):
         _recover(dest)
-        if is_complete(dest) and not force and _init_scheme(dest) == INIT_SCHEME:
-            if _text_format(dest) != TEXT_FORMAT:
+        text_format, init_scheme = _formats(dest) if is_complete(dest) else (None, None)
+        if is_complete(dest) and not force and init_scheme == INIT_SCHEME:
+            if text_format != TEXT_FORMAT:
                 _refresh_text_files(config, dest)
             return dest
         return _build_unlocked(shape, config, dest, seed, progress, workers)
 
 
-def _text_format(path: Path) -> int:
-    return json.loads((Path(path) / COMPLETE_MARKER).read_text()).get("text_format", 1)
-
-
-def _init_scheme(path: Path) -> int:
-    """How the build's weights were drawn: 1 (one random stream in file order) before ``INIT_SCHEME`` 2."""
-    return json.loads((Path(path) / COMPLETE_MARKER).read_text()).get("init_scheme", 1)
+def _formats(path: Path) -> tuple:
+    """(text format, init scheme) of a complete build, read from its marker in one go; builds from before
+    either was recorded are 1 (the init scheme 1: one random stream in file order)."""
+    marker = json.loads((Path(path) / COMPLETE_MARKER).read_text())
+    return marker.get("text_format", 1), marker.get("init_scheme", 1)
 
 
 def _refresh_text_files(config, dest: Path) -> None:
@@ -536,7 +535,7 @@ def _header(shard) -> bytes:
     return len(text).to_bytes(8, "little") + text
 
 
-def piece_seed(seed: int, module_name: str, first_row: int | None = None) -> int:
+def _piece_seed(seed: int, module_name: str, first_row: int | None = None) -> int:
     """The seed one module (or the row block from ``first_row`` of a large embedding) is initialised from."""
     key = f"{seed}/{module_name}" + ("" if first_row is None else f"/rows-{first_row}")
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:7], "little")
@@ -552,7 +551,7 @@ def _materialise(model, module_name: str, fills: dict, seed: int):
     for attribute, tensor in list(module._buffers.items()):
         if tensor is not None:
             module._buffers[attribute] = torch.empty_like(tensor, device="cpu")
-    torch.manual_seed(piece_seed(seed, module_name))
+    torch.manual_seed(_piece_seed(seed, module_name))
     with torch.no_grad():
         model._init_weights(module)
         if module_name in fills:
@@ -582,7 +581,7 @@ def _embedding_block(model, module_name: str, rows: tuple, seed: int) -> torch.T
     piece = torch.nn.Embedding(stop - start, width, device="cpu", dtype=module.weight.dtype, _freeze=True)
     pad = module.padding_idx
     piece.padding_idx = pad - start if pad is not None and start <= pad < stop else None
-    torch.manual_seed(piece_seed(seed, module_name, start))
+    torch.manual_seed(_piece_seed(seed, module_name, start))
     with torch.no_grad():
         model._init_weights(piece)
     return piece.weight.detach()
@@ -605,19 +604,18 @@ class Piece:
     nbytes: int
 
 
-def _pieces(model, shards, names) -> list:
+def _pieces(model, shards, names, header_sizes) -> list:
     """Every piece of the checkpoint, with the file offsets its bytes are written at (after each
     shard's header, in the order the header lists the tensors)."""
     by_module, pieces = {}, []
-    for file_name, shard in zip(names, shards):
-        offset = len(_header(shard))
+    for file_name, shard, offset in zip(names, shards, header_sizes):
         for _, module_name, attribute, tensor in shard:
             nbytes = tensor.numel() * tensor.element_size()
             module = model.get_submodule(module_name)
             if _is_blocked(module, attribute):
-                count, row_bytes = module.weight.shape[0], module.weight.shape[1] * module.weight.element_size()
-                for start in range(0, count, _block_rows(module)):
-                    stop = min(count, start + _block_rows(module))
+                count, row_bytes, step = module.weight.shape[0], nbytes // module.weight.shape[0], _block_rows(module)
+                for start in range(0, count, step):
+                    stop = min(count, start + step)
                     pieces.append(Piece(module_name, (start, stop), (("weight", file_name, offset + start * row_bytes),),
                                         (stop - start) * row_bytes))
             else:
@@ -669,7 +667,7 @@ def _worker_piece(piece: Piece) -> tuple:
     return written, os.getpid(), peak_rss_bytes()
 
 
-def default_workers(total_bytes: int) -> int:
+def _default_workers(total_bytes: int) -> int:
     """One process for a small build; else one per CPU, at most ``MAX_WORKERS`` and as many as half the
     available host memory holds at ``WORKER_BYTES`` each."""
     if total_bytes < PARALLEL_FROM_BYTES:
@@ -683,7 +681,7 @@ def write_weights(config, folder: Path, *, seed: int = DEFAULT_SEED, progress: b
                   workers: int | None = None) -> tuple:
     """Write config, generation config and safetensors shards (with their index) into ``folder``,
     as ``save_pretrained`` lays them out, initialising one module at a time on the CPU, in
-    ``workers`` processes side by side (``None``: ``default_workers``).
+    ``workers`` processes side by side (``None``: ``_default_workers``).
     Returns ``({file name: sha256} for the shards, the number of worker processes, and their peak
     resident bytes added up)``: 0 workers where the calling process built it alone."""
     from tqdm.auto import tqdm
@@ -696,14 +694,14 @@ def write_weights(config, folder: Path, *, seed: int = DEFAULT_SEED, progress: b
     shards = _shards(_tensors_to_write(model))
     names = (["model.safetensors"] if len(shards) == 1 else
              [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)])
-    for file_name, shard in zip(names, shards):
-        header = _header(shard)
+    headers = [_header(shard) for shard in shards]
+    for file_name, shard, header in zip(names, shards, headers):
         with open(folder / file_name, "wb") as handle:
             handle.write(header)
             handle.truncate(len(header) + sum(t.numel() * t.element_size() for *_, t in shard))
-    pieces = _pieces(model, shards, names)
+    pieces = _pieces(model, shards, names, [len(header) for header in headers])
     total = sum(piece.nbytes for piece in pieces)
-    workers = default_workers(total) if workers is None else workers
+    workers = _default_workers(total) if workers is None else workers
     peaks = {}
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
         if workers <= 1:
@@ -756,17 +754,17 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     path = build(args.shape, force=args.force, workers=args.workers)
     marker = json.loads((path / COMPLETE_MARKER).read_text())
-    print(f"{path}: built in {marker['built_in_s']} s by {marker.get('workers', 0) or 'one'} process(es) beside the builder, "
-          f"peak host memory {marker['peak_rss_bytes'] / 1e9:.2f} GB")
+    by = f"{marker['workers']} worker processes" if marker.get("workers") else "the builder alone"
+    print(f"{path}: built in {marker['built_in_s']} s by {by}, peak host memory {marker['peak_rss_bytes'] / 1e9:.2f} GB")
     if args.record:
         import psutil
 
-        BUILDS_DIR.mkdir(parents=True, exist_ok=True)
         record = {key: marker[key] for key in ("shape", "seed", "config_sha256_12", "init_scheme", "workers", "built_in_s",
                                                "peak_rss_bytes")}
         record.update(cpus=_os.cpu_count(), ram_bytes=psutil.virtual_memory().total, gpu_used=False,
                       platform=f"{platform.system()} {platform.machine()}", torch=torch.__version__,
                       date=time.strftime("%Y-%m-%d"), command=f"python -m helpers.synthetic {args.shape} --force --record")
+        BUILDS_DIR.mkdir(parents=True, exist_ok=True)
         _write_atomically(BUILDS_DIR / f"{args.shape}.json", json.dumps(record, indent=1, sort_keys=True) + "\n")
     return 0
 

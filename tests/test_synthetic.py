@@ -142,7 +142,7 @@ def test_each_module_draws_from_its_own_seed_so_two_modules_of_one_shape_differ(
     again = synthetic._materialise(model, "model.language_model.layers.0.mlp.gate_proj", fills, 0).weight
     assert first.shape == second.shape and not torch.equal(first, second)
     assert torch.equal(first, again)  # the same module, made again (by another worker), is the same
-    assert synthetic.piece_seed(0, "a") != synthetic.piece_seed(1, "a") != synthetic.piece_seed(0, "a", 0)
+    assert synthetic._piece_seed(0, "a") != synthetic._piece_seed(1, "a") != synthetic._piece_seed(0, "a", 0)
 
 
 def test_a_build_drawn_by_the_older_single_stream_init_is_rebuilt_not_reused(tmp_path):
@@ -345,6 +345,6 @@ def test_a_large_build_uses_at_most_half_the_free_memory_so_a_small_machine_is_n
 
     monkeypatch.setattr(synthetic.os, "cpu_count", lambda: cpus)
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": available_gb * 1e9})())
-    assert synthetic.default_workers(16 * 10**9) == workers
+    assert synthetic._default_workers(16 * 10**9) == workers
     assert workers * synthetic.WORKER_BYTES <= max(available_gb * 1e9 / 2, synthetic.WORKER_BYTES)
-    assert synthetic.default_workers(synthetic.PARALLEL_FROM_BYTES - 1) == 1  # tiny: one process, no spawning
+    assert synthetic._default_workers(synthetic.PARALLEL_FROM_BYTES - 1) == 1  # tiny: one process, no spawning

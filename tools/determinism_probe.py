@@ -35,7 +35,7 @@ def main(model_name: str, tokens: int) -> dict:
     torch.backends.cuda.enable_cudnn_sdp(True)
     library = [measure.greedy(model, tokenizer, tokens, keep_logits=True) for _ in range(2)]
     out["cudnn_attention_run_to_run"] = first_difference(library[0]["logits"], library[1]["logits"])
-    torch.backends.cuda.enable_cudnn_sdp(False)
+    measure.reproducible_kernels()  # back to the course's settings
     runs = [measure.greedy(model, tokenizer, tokens, keep_logits=True) for _ in range(3)]
     out["gpu_run_to_run"] = [first_difference(runs[0]["logits"], r["logits"]) for r in runs[1:]]
     plain = measure.greedy(model, tokenizer, tokens)
