@@ -686,6 +686,8 @@ def write_weights(config, folder: Path, *, seed: int = DEFAULT_SEED, progress: b
     resident bytes added up)``: 0 workers where the calling process built it alone."""
     from tqdm.auto import tqdm
 
+    if workers is not None:
+        require_whole_number(workers, "workers", minimum=1)
     model = skeleton(config)
     model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(folder)

@@ -129,6 +129,10 @@ CASES = [
     ("synthetic build of a number", lambda i: synthetic.build(5), "InvalidChoiceError", "tiny, e2b-shape, e4b-shape"),
     ("synthetic seed as text", lambda i: synthetic.build("tiny", i.root / "seeded", seed="0"), "InvalidChoiceError", "seed"),
     ("synthetic build onto a file", lambda i: synthetic.build("tiny", i.a_file()), "InvalidChoiceError", "is a file"),
+    ("synthetic build by no workers", lambda i: synthetic.build("tiny", i.root / "none", workers=0), "InvalidChoiceError",
+     "workers=0"),
+    ("synthetic weights by half a worker", lambda i: synthetic.write_weights(synthetic.gemma4_config("tiny"), i.root,
+                                                                          workers=1.5), "InvalidChoiceError", "workers=1.5"),
     # devices
     ('device="tpu"', lambda i: loading.load_model("tiny", device="tpu"), "InvalidChoiceError", "device='tpu'"),
     ('device="mps"', lambda i: loading.load_model("tiny", device="mps"), "InvalidChoiceError", "device='mps'"),
