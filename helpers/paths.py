@@ -48,6 +48,18 @@ def writable_folder(path, *, setting: str | None = None) -> Path:
     return path
 
 
+def write_text_atomically(path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: written aside, then renamed over it, so a kill
+    mid-write leaves the previous file (or none) and no half-written one that looks complete."""
+    path = Path(path)
+    aside = path.with_name(f".{path.name}.partial")
+    try:
+        aside.write_text(text)
+        os.replace(aside, path)
+    finally:
+        aside.unlink(missing_ok=True)
+
+
 def cache_subfolder(*parts: str) -> Path:
     """A folder inside the course cache, created and writable, or the sentence naming GEMMA_COURSE_CACHE."""
     return writable_folder(cache_dir().joinpath(*parts), setting=CACHE_ENV)

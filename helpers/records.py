@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 from pathlib import Path
 
 from .errors import InvalidChoiceError
-from .paths import CHAT_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR
+from .paths import CHAT_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR, write_text_atomically
 
 
 def latest_records(directory: Path = MEASUREMENTS_DIR, preset: str | None = None) -> list:
@@ -78,12 +77,7 @@ def write_record(path, data) -> None:
     """Write a record as JSON, whole or not at all: a crash mid-write leaves the previous file as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(path.name + ".partial")
-    try:
-        staging.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        os.replace(staging, path)
-    finally:
-        staging.unlink(missing_ok=True)
+    write_text_atomically(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def split_host(record: dict) -> dict:

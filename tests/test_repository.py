@@ -138,7 +138,7 @@ def test_a_failed_notebook_cell_on_a_card_is_named_under_the_table_with_its_exce
 
 
 def test_a_record_that_cannot_be_written_whole_leaves_the_previous_file_and_no_partial_one(tmp_path, monkeypatch):
-    from helpers import records
+    from helpers import paths, records
 
     target = tmp_path / "gpu-tier" / "e4b-shape-nf4.json"
     records.write_record(target, {"ple-cpu": {"resident_bytes": 1}})
@@ -147,7 +147,7 @@ def test_a_record_that_cannot_be_written_whole_leaves_the_previous_file_and_no_p
     def killed(*args):
         raise KeyboardInterrupt  # stopped after the new text was written, before it took the record's place
 
-    monkeypatch.setattr(records.os, "replace", killed)
+    monkeypatch.setattr(paths.os, "replace", killed)  # the rename write_record makes
     with pytest.raises(KeyboardInterrupt):
         records.write_record(target, {"ple-cpu": {"resident_bytes": 2}})
     assert json.loads(target.read_text()) == {"ple-cpu": {"resident_bytes": 1}}
