@@ -20,7 +20,7 @@ import torch
 from . import checksums
 from .errors import CourseError, InvalidChoiceError, require_bool, require_whole_number
 from .host_memory import peak_rss_bytes
-from .paths import BUILDS_DIR, CONFIG_DIR, cache_dir, cache_subfolder, writable_folder
+from .paths import BUILDS_DIR, CONFIG_DIR, cache_dir, cache_subfolder, writable_folder, write_text_atomically
 
 SHAPES = {
     "tiny": "tiny.config.json",
@@ -404,7 +404,7 @@ def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool, worker
                                              workers=workers)
         full_processor = save_text_and_media_processors(config, build_tokenizer(config), staging)
         hashes.update({path.name: checksums.sha256(path) for path in sorted(staging.iterdir()) if path.name not in hashes})
-        _write_atomically(
+        write_text_atomically(
             staging / COMPLETE_MARKER,
             json.dumps(
                 {
@@ -416,7 +416,8 @@ def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool, worker
                     "init_scheme": INIT_SCHEME,
                     "workers": workers,
                     "built_in_s": round(time.time() - started, 1),
-                    # the builder's peak plus each worker's: an upper bound on the host memory held at once
+                    # the builder's peak plus that of each worker that made a piece (all of them, in a large build):
+                    # an upper bound on the host memory held at once
                     "peak_rss_bytes": peak_rss_bytes() + workers_peak,
                     "sha256": hashes,
                     "note": "random weights: memory figures are real, generated text is not",
@@ -439,13 +440,6 @@ def _move_into_place(staging: Path, dest: Path) -> None:
         os.replace(dest, aside)
     os.replace(staging, dest)
     shutil.rmtree(aside, ignore_errors=True)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Written aside and renamed: a kill mid-write leaves no half marker that looks complete."""
-    aside = path.with_name(f".{path.name}.partial")
-    aside.write_text(text)
-    os.replace(aside, path)
 
 
 def skeleton(config):
@@ -682,8 +676,9 @@ def write_weights(config, folder: Path, *, seed: int = DEFAULT_SEED, progress: b
     """Write config, generation config and safetensors shards (with their index) into ``folder``,
     as ``save_pretrained`` lays them out, initialising one module at a time on the CPU, in
     ``workers`` processes side by side (``None``: ``_default_workers``).
-    Returns ``({file name: sha256} for the shards, the number of worker processes, and their peak
-    resident bytes added up)``: 0 workers where the calling process built it alone."""
+    Returns ``({file name: sha256} for the shards, the number of worker processes started, and the
+    peak resident bytes of those that made a piece, added up)``: 0 workers where the calling process
+    built it alone."""
     from tqdm.auto import tqdm
 
     if workers is not None:
@@ -720,7 +715,7 @@ def write_weights(config, folder: Path, *, seed: int = DEFAULT_SEED, progress: b
 
     with ThreadPoolExecutor(max(1, min(len(names), os.cpu_count() or 1))) as pool:  # hashlib lets go of the GIL
         digests = dict(zip(names, pool.map(lambda name: checksums.sha256(folder / name), names)))
-    return digests, len(peaks), sum(peaks.values())
+    return digests, (workers if workers > 1 else 0), sum(peaks.values())
 
 
 def _write_in_workers(config, seed: int, folder: Path, pieces: list, workers: int, bar) -> dict:
@@ -767,7 +762,7 @@ def main(argv=None) -> int:
                       platform=f"{platform.system()} {platform.machine()}", torch=torch.__version__,
                       date=time.strftime("%Y-%m-%d"), command=f"python -m helpers.synthetic {args.shape} --force --record")
         BUILDS_DIR.mkdir(parents=True, exist_ok=True)
-        _write_atomically(BUILDS_DIR / f"{args.shape}.json", json.dumps(record, indent=1, sort_keys=True) + "\n")
+        write_text_atomically(BUILDS_DIR / f"{args.shape}.json", json.dumps(record, indent=1, sort_keys=True) + "\n")
     return 0
 
 
