@@ -172,7 +172,7 @@ def presets() -> dict:
 
 # --- how long a preset takes on one H200: the recorded speeds (the speed preset) and these assumptions ---------
 PROCESS_START_S = 15  # python, torch, transformers and the CUDA context, per configuration (assumed)
-COMPILE_S = {"eager": 60, "cudagraphs": 120, "reduce-overhead": 240}  # Dynamo, + capture, + Inductor (assumed)
+COMPILE_S = {"eager": 60, "cudagraphs": 10, "reduce-overhead": 240}  # Dynamo; one capture per phase; Inductor (assumed)
 ATTENTION_HALF_AT = 65536  # prefill: attention assumed to cost as much as the rest at this context
 STATIC_ATTENTION = 2  # a static cache attends over its whole length at every chunk
 

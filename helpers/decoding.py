@@ -9,9 +9,14 @@ waits for the CPU. The tuned decode (``Decoder``) removes that wait in four step
                lookup serves), ``accelerate.hooks.remove_hook_from_module(model, recurse=True)`` takes them off.
   static cache ``StaticCache``: tensors preallocated at fixed addresses and written in place, so a captured
                graph can be replayed (a ``DynamicCache`` grows by ``torch.cat`` every token).
-  compile      ``torch.compile`` of the model's forward for one decode step: ``backend="cudagraphs"`` replays
-               the eager kernels as one CUDA graph; ``mode="reduce-overhead"`` also fuses them (Inductor), which
-               changes rounding. transformers' ``generate`` refuses to compile this model itself: its
+  CUDA graph   ``torch.cuda.CUDAGraph`` (``StepGraphs``): the first decode step of a phase runs eagerly, then its kernels
+               are captured once and every later step replays them with one launch: the same kernels, so the same
+               bits. Inputs go through static buffers (copied in place), the static cache's tensors and counters are
+               written in place by the replay. ``torch.compile(backend="cudagraphs")`` cannot do this: it hands CUDA
+               graph trees only the parameters as static inputs, so the cache it mutates makes it skip the graph
+               ("mutated inputs", torch 2.11 ``_dynamo/backends/cudagraphs.py``).
+  compile      ``torch.compile(mode="reduce-overhead")``: Inductor's fused kernels in CUDA graphs, which round
+               differently. transformers' ``generate`` refuses to compile this model itself: its
                ``_valid_auto_compile_criteria`` needs ``hf_quantizer.is_compileable`` (bitsandbytes' quantizers
                keep the base class's ``False`` in 5.5.2, 5.17.0 and 5.24.0) and no ``"cpu"`` in ``hf_device_map``.
   counters     a ``StaticSlidingWindowLayer`` counts its tokens in a Python int (``cumulative_length_int``) and
@@ -39,6 +44,7 @@ from pathlib import Path
 
 import torch
 import torch._dynamo
+from transformers.cache_utils import StaticSlidingWindowLayer
 
 from . import placement
 from .errors import InvalidChoiceError, TunedDecodeError, require_bool, require_choice, require_whole_number
@@ -48,7 +54,8 @@ from .weights import meta_model
 
 COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead")
 # eager: Dynamo traces the step (graph breaks show) but runs the same kernels, for the CPU;
-# cudagraphs: one CUDA graph of the eager kernels; reduce-overhead: Inductor's fused kernels in CUDA graphs
+# cudagraphs: the eager step captured in a torch.cuda.CUDAGraph (no compiler; on a CPU the same static buffers,
+# run eagerly); reduce-overhead: Inductor's fused kernels in CUDA graphs
 
 PLE_OPTIONS = {
     "host lookup per token (this module)":
@@ -70,11 +77,12 @@ PLE_OPTIONS = {
 
 @dataclass(frozen=True)
 class Decoder:
-    """Settings of the tuned greedy decode. ``Decoder()`` is the fastest (Inductor in CUDA graphs);
-    ``Decoder(compile="cudagraphs")`` replays the eager kernels; ``Decoder(compile=None)`` runs the same
-    loop eagerly; ``Decoder(compile="eager")`` traces it with Dynamo on any device (the CPU tests)."""
+    """Settings of the tuned greedy decode. ``Decoder()`` replays the eager kernels of each step from a CUDA graph
+    (the same logits as ``generate`` with a static cache); ``Decoder(compile="reduce-overhead")`` fuses them with
+    Inductor; ``Decoder(compile=None)`` runs the same loop eagerly; ``Decoder(compile="eager")`` traces it with
+    Dynamo on any device (the CPU tests)."""
 
-    compile: str | None = "reduce-overhead"
+    compile: str | None = "cudagraphs"
     remove_hooks: bool = True
     ple_outside: bool = True  # the PLE rows computed outside the compiled step
     fullgraph: bool = True  # a graph break is an error, not a silent slowdown
@@ -208,6 +216,121 @@ def pinned_sliding_counters(cache, new_tokens: int = 1):
             layer.cumulative_length_int = count + new_tokens
 
 
+class FullWindowIndexedLayer(StaticSlidingWindowLayer):
+    """``StaticSlidingWindowLayer`` whose one-token update of a full window indexes with a tensor made once: the
+    library's ``update`` makes ``torch.tensor([-1], device=...)`` there at every token (transformers 5.5.2, 5.17.0
+    and 5.24.0), a copy from the host that a CUDA graph cannot capture. The same operations otherwise, so the same
+    bits (``tests/test_decoding.py``)."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not (self.is_initialized and key_states.shape[-2] == 1 and self.cumulative_length_int >= self.max_cache_len):
+            return super().update(key_states, value_states, *args, **kwargs)
+        self.cumulative_length_int += 1
+        new_keys, new_values = self.keys.roll(-1, dims=-2), self.values.roll(-1, dims=-2)
+        new_keys[:, :, self.last_index] = key_states
+        new_values[:, :, self.last_index] = value_states
+        self.keys.copy_(new_keys)  # in place: the captured graph keeps these addresses
+        self.values.copy_(new_values)
+        return self.keys, self.values
+
+
+def index_full_windows_once(cache) -> int:
+    """Make the initialised sliding layers of ``cache`` ``FullWindowIndexedLayer``s (their index on their device);
+    how many were changed."""
+    changed = 0
+    for layer in cache.layers:
+        if type(layer) is StaticSlidingWindowLayer and layer.is_initialized:
+            layer.last_index = torch.tensor([-1], dtype=torch.long, device=layer.device)
+            layer.__class__ = FullWindowIndexedLayer
+            changed += 1
+    return changed
+
+
+def _tensors(inputs: dict, prefix: tuple = ()):
+    for name, value in inputs.items():
+        if isinstance(value, dict):
+            yield from _tensors(value, prefix + (name,))
+        elif isinstance(value, torch.Tensor):
+            yield prefix + (name,), value
+
+
+def _static_copy(inputs: dict) -> dict:
+    return {name: _static_copy(value) if isinstance(value, dict) else value.clone() if isinstance(value, torch.Tensor)
+            else value for name, value in inputs.items()}
+
+
+def _at(inputs: dict, path: tuple):
+    for name in path:
+        inputs = inputs[name]
+    return inputs
+
+
+class StepGraphs:
+    """One decode step of ``forward`` in a CUDA graph per phase. A phase is what changes the kernels a step runs:
+    whether the sliding windows are full, and the shapes of the inputs (the masks). Its first step runs eagerly
+    (which also warms up what a capture needs, on a side stream as PyTorch's CUDA-graph notes ask), then the
+    step is captured into a graph that reads static copies of the inputs; later steps copy their inputs into
+    those buffers and replay. On a CPU nothing is captured: later steps run ``forward`` on the same static
+    buffers, so the CPU tests check that every input really goes through them."""
+
+    def __init__(self, forward, device):
+        self.forward, self.device = forward, torch.device(device)
+        self.capture = self.device.type == "cuda"
+        self.phases: dict = {}  # phase -> (graph or None, static inputs, static logits or None)
+        self.captured = self.replayed = 0
+        self._pool = None
+
+    def phase(self, cache, inputs: dict) -> tuple:
+        full = tuple(getattr(layer, "cumulative_length_int", 0) >= layer.max_cache_len for layer in cache.layers
+                     if hasattr(layer, "cumulative_length_int"))
+        shapes = tuple((path, tuple(t.shape), t.dtype) for path, t in _tensors(inputs))
+        masks = inputs.get("attention_mask")
+        absent = tuple(sorted(name for name, mask in masks.items() if mask is None)) if isinstance(masks, dict) else ()
+        return id(cache), full, shapes, absent
+
+    def __call__(self, cache, inputs: dict) -> torch.Tensor:
+        """The step's last logits (a copy: a replay overwrites the graph's output)."""
+        phase = self.phase(cache, inputs)
+        if phase not in self.phases:
+            return self._first(phase, cache, inputs)
+        graph, static, logits = self.phases[phase]
+        for path, tensor in _tensors(inputs):
+            _at(static, path).copy_(tensor)
+        with pinned_sliding_counters(cache):
+            if graph is None:
+                logits = self.forward(**static).logits
+            else:
+                graph.replay()
+        self.replayed += 1
+        return logits[:, -1].clone()
+
+    def _first(self, phase, cache, inputs: dict) -> torch.Tensor:
+        index_full_windows_once(cache)
+        static = _static_copy(inputs)
+        if not self.capture:
+            with pinned_sliding_counters(cache):
+                out = self.forward(**inputs).logits[:, -1].clone()
+            self.phases[phase] = (None, static, None)
+            return out
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side), pinned_sliding_counters(cache):
+            out = self.forward(**inputs).logits[:, -1].clone()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with pinned_sliding_counters(cache, new_tokens=0), torch.cuda.graph(graph, pool=self._pool):
+                logits = self.forward(**static).logits  # recorded, not run: the cache is not written twice
+        except RuntimeError as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise TunedDecodeError(f"The decode step could not be captured in a CUDA graph ({first}): something in the "
+                                   f"forward waits for the host; decode with decoding.Decoder(compile=None).") from error
+        self._pool = self._pool or graph.pool()
+        self.phases[phase] = (graph, static, logits)
+        self.captured += 1
+        return out
+
+
 class TunedGreedy:
     """Greedy decoding with a ``Decoder``'s settings on a loaded model: the same tokens and raw logits as
     ``generate(..., do_sample=False, min_new_tokens=n)`` with a ``StaticCache`` (``tests/test_decoding.py``)."""
@@ -231,22 +354,17 @@ class TunedGreedy:
         self.eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.cache_name = cache_argument(model)
         self.step_forward = self._compiled(model.forward)
+        self.graphs = StepGraphs(model.forward, self.device) if settings.compile == "cudagraphs" else None
         self._cache, self._cache_len = None, None
 
     def _compiled(self, forward):
         mode = self.settings.compile
-        if mode is None:
+        if mode in (None, "cudagraphs"):  # cudagraphs: StepGraphs captures the eager forward, no compiler
             return forward
         # dynamic=False: a changed int is a new constant, not a symbolic input (two pinned values: two graphs)
         options = {"fullgraph": self.settings.fullgraph, "dynamic": False}
         if mode == "reduce-overhead":
             return torch.compile(forward, mode="reduce-overhead", **options)
-        if mode == "cudagraphs":
-            # the step writes the static cache in place: keep those writes inside the graph (the default replays
-            # them after it, copying whole cache tensors) and let the backend capture a graph that mutates its
-            # inputs (the default skips CUDA graphs for it); the cache's tensors are marked static by transformers
-            torch._dynamo.config.cudagraph_backend_keep_input_mutation = True
-            torch._dynamo.config.cudagraph_backend_support_input_mutation = True
         return torch.compile(forward, backend=mode, **options)
 
     def cache(self, length: int):
@@ -279,20 +397,29 @@ class TunedGreedy:
             inputs.update(inputs_embeds=embeds, per_layer_inputs=self.language_model.get_per_layer_inputs(token, embeds))
         else:
             inputs["input_ids"] = token
-        if self.settings.compile in ("cudagraphs", "reduce-overhead"):
+        inputs.update(position_ids=positions, use_cache=True, logits_to_keep=1, **{self.cache_name: cache})
+        if self.graphs is not None:
+            return self.graphs(cache, inputs)
+        if self.settings.compile == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
         with pinned_sliding_counters(cache):
-            out = self.step_forward(position_ids=positions, use_cache=True, logits_to_keep=1, **{self.cache_name: cache},
-                                    **inputs)
+            out = self.step_forward(**inputs)
         return out.logits[:, -1].clone()  # a CUDA graph's output is overwritten by its next replay
 
-    def greedy(self, ids: torch.Tensor, new_tokens: int, *, keep_logits: bool = False) -> GreedyRun:
-        """Exactly ``new_tokens`` greedy tokens after ``ids`` (batch 1)."""
+    def greedy(self, ids: torch.Tensor, new_tokens: int, *, keep_logits: bool = False,
+               cache_length: int | None = None) -> GreedyRun:
+        """Exactly ``new_tokens`` greedy tokens after ``ids`` (batch 1). ``cache_length``: the static cache's length
+        (default: prompt and new tokens), for a short run on the cache, and so the graphs, of a longer one; a
+        different length changes the padded attention, so logits are compared only at the same length."""
         new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
         if ids.shape[0] != 1:
             raise InvalidChoiceError(f"The tuned decode runs batch 1; got a batch of {ids.shape[0]}: pass one prompt.")
         ids = ids.to(self.device)
         total = ids.shape[1] + new_tokens
+        if cache_length is not None and require_whole_number(cache_length, "cache_length", unit="tokens") < total:
+            raise InvalidChoiceError(f"cache_length={cache_length} cannot hold the prompt and the new tokens ({total}): "
+                                     f"pass at least {total}, or leave it out.")
+        total = cache_length or total
         cache = self.cache(total)
         mask_2d = torch.ones((1, total), dtype=torch.long, device=self.device)
         tokens, kept = [], []

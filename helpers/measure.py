@@ -25,7 +25,8 @@ Decoding speed (``helpers.decoding``): ``--decode MODE`` times greedy decoding o
   generate-static  plain ``generate`` with a ``StaticCache``: the reference the tuned modes must equal
   loop             the tuned loop, eager: hooks removed, static cache, PLE rows and masks outside the step
   dynamo           the same compiled with ``backend="eager"`` (Dynamo only: graph breaks show, kernels unchanged)
-  cudagraphs       compiled with ``backend="cudagraphs"``: the eager kernels replayed as one CUDA graph
+  cudagraphs       the tuned loop's step captured with ``torch.cuda.CUDAGraph`` (``decoding.StepGraphs``): the eager
+                   kernels replayed with one launch per token
   reduce-overhead  compiled with ``mode="reduce-overhead"``: Inductor's fused kernels in CUDA graphs
 ``--profile-trace PATH`` also writes a ``torch.profiler`` Chrome trace of ``--profile-steps`` decode steps.
 """
@@ -54,7 +55,7 @@ from .weights import meta_model
 # cuBLAS picks reduction orders run to run unless its workspace is fixed (PyTorch's reproducibility notes)
 DETERMINISTIC_CUBLAS = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nudged", "ple-cpu-fp16")
-# --decode modes: None = plain generate; otherwise the torch.compile mode of decoding.Decoder
+# --decode modes: None = plain generate; otherwise decoding.Decoder's compile setting
 DECODE_MODES = {"generate": None, "generate-static": None, "loop": None, "dynamo": "eager", "cudagraphs": "cudagraphs",
                 "reduce-overhead": "reduce-overhead"}
 
@@ -450,6 +451,7 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
     more timed, the median tokens/s of all but the first; the physical limit beside it; a profile if asked."""
     ids = prompt_ids(tokenizer, greedy_context, device)
     counted = _compile_counters()  # process-wide counters: this mode's share is the difference
+    graphs = None
     if decode in ("generate", "generate-static"):
         static = decode == "generate-static"
 
@@ -458,6 +460,7 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
     else:
         tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=DECODE_MODES[decode]))
         record["hooks_removed"] = tuned.hooks_removed
+        graphs = tuned.graphs
 
         def run(keep_logits: bool):
             return tuned.greedy(ids, new_tokens, keep_logits=keep_logits)
@@ -476,6 +479,8 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
                   prefill_s=round(second.prefill_s, 4), **_peaks(device),
                   compile={key: value - counted[key] for key, value in _compile_counters().items()}
                   if DECODE_MODES[decode] else None)
+    if graphs is not None:
+        record["cuda_graphs"] = {"captured": graphs.captured, "replayed": graphs.replayed, "phases": len(graphs.phases)}
     if len({json.dumps(r.tokens) for r in (first, *timed)}) != 1:
         record["greedy_unstable"] = True
     _identity_fields(record, first, second, logits_out)
@@ -492,8 +497,8 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
         def profiled():
             if decode in ("generate", "generate-static"):
                 decoding.plain_greedy(model, ids, steps, static_cache=decode == "generate-static")
-            else:
-                tuned.greedy(ids, steps)
+            else:  # on the timed runs' cache, so what is profiled is replays, not a capture
+                tuned.greedy(ids, steps, cache_length=greedy_context + new_tokens)
         record["profile"] = decoding.profile(profiled, profile_trace, steps, device).as_dict()
 
 

@@ -53,7 +53,7 @@ needs_ple_outside = pytest.mark.skipif(OLD_RELEASE, reason="this transformers ta
 
 
 @needs_ple_outside
-@pytest.mark.parametrize("compile_mode", [None, "eager"], ids=["loop", "dynamo"])
+@pytest.mark.parametrize("compile_mode", [None, "eager", "cudagraphs"], ids=["loop", "dynamo", "graph-buffers"])
 def test_the_tuned_decode_gives_the_logits_of_generate_with_a_static_cache_bit_for_bit(nf4, ids, reference, compile_mode):
     expected, steps = reference
     assert steps == NEW and len(set(expected.tokens)) > NEW // 2  # self-consistent, and the tokens vary
@@ -70,6 +70,63 @@ def test_the_tuned_decode_with_one_ple_row_nudged_by_one_ulp_is_told_apart(nf4, 
         run = decoding.TunedGreedy(nf4, decoding.Decoder(compile=None)).greedy(ids, NEW, keep_logits=True)
     comparison = measure.compare_logits(expected.logits, run.logits, steps)
     assert not comparison["identical"] and comparison["first_difference"] == 0
+
+
+@needs_ple_outside
+@pytest.mark.parametrize("prompt, phases", [(32, 1), (4, 2)], ids=["window-full", "window-filling"])
+def test_the_graph_step_reads_every_input_from_its_static_buffers_so_its_replays_give_the_logits_of_generate(
+        nf4, tokenizer, prompt, phases):
+    """On the CPU a StepGraphs 'replay' runs the forward on the static buffers a CUDA graph would read: an input
+    that did not go through them would be stale here as it would be on the GPU."""
+    ids = measure.prompt_ids(tokenizer, prompt, "cpu")
+    with math_attention():
+        expected = decoding.plain_greedy(nf4, ids, NEW, static_cache=True, keep_logits=True)
+        tuned = decoding.TunedGreedy(nf4, decoding.Decoder(compile="cudagraphs"))
+        first, second = (tuned.greedy(ids, NEW, keep_logits=True) for _ in range(2))
+    assert len(tuned.graphs.phases) == phases and tuned.graphs.replayed == 2 * (NEW - 1) - phases
+    assert len(set(expected.tokens)) > NEW // 2
+    for run in (first, second):  # the second run replays every step, from a cache reset in place
+        assert measure.compare_logits(expected.logits, run.logits)["identical"]
+
+
+@needs_ple_outside
+def test_a_graph_step_whose_masks_skip_their_buffers_is_told_apart(nf4, ids, reference, monkeypatch):
+    expected, steps = reference
+    tensors = decoding._tensors
+    monkeypatch.setattr(decoding, "_tensors", lambda inputs, prefix=(): (
+        (path, t) for path, t in tensors(inputs, prefix) if path[0] != "attention_mask"))
+    with math_attention():
+        run = decoding.TunedGreedy(nf4, decoding.Decoder(compile="cudagraphs")).greedy(ids, NEW, keep_logits=True)
+    comparison = measure.compare_logits(expected.logits, run.logits, steps)
+    assert not comparison["identical"] and comparison["first_difference"] > 0  # the first step runs eagerly
+
+
+def test_a_full_window_indexed_once_updates_the_cache_exactly_as_the_library_does():
+    from transformers.cache_utils import StaticSlidingWindowLayer
+
+    torch.manual_seed(0)
+    library, ours = (StaticSlidingWindowLayer(max_cache_len=32, sliding_window=4) for _ in range(2))
+    prompt = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    for layer in (library, ours):
+        layer.update(*prompt)  # the window is full from here on
+    assert decoding.index_full_windows_once(type("Cache", (), {"layers": [ours]})()) == 1
+    assert type(ours) is decoding.FullWindowIndexedLayer
+    for _ in range(3):
+        token = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+        for got, want in zip(ours.update(*token), library.update(*token)):
+            assert torch.equal(got, want)
+    assert ours.cumulative_length_int == library.cumulative_length_int == 9
+    assert not torch.equal(ours.keys, prompt[0][:, :, -4:])  # the window moved
+
+
+def test_the_library_still_makes_its_full_window_index_at_every_token_so_the_override_is_still_needed():
+    """Drift: when transformers stops calling torch.tensor inside StaticSlidingWindowLayer.update, a CUDA graph can
+    capture the library's layer and FullWindowIndexedLayer should go."""
+    import inspect
+
+    from transformers.cache_utils import StaticSlidingWindowLayer
+
+    assert "torch.tensor([-1]" in inspect.getsource(StaticSlidingWindowLayer.update)
 
 
 def test_a_static_cache_changes_the_bits_of_plain_generate_under_a_fused_attention_kernel_so_identity_is_claimed_against_its_static_twin(

@@ -324,8 +324,8 @@ def render_issue15() -> str:
                      "`decode-speed-more`, `decode-speed-e2b`).")
         return "\n".join(lines)
     plain = speed.get("generate", {}).get("decode_tokens_per_s")
-    lines += ["| mode | tokens/s | x plain generate | bandwidth limit, tokens/s | logits vs generate with a static cache |",
-              "|---|---|---|---|---|"]
+    lines += ["| mode | tokens/s | x plain generate | bandwidth limit, tokens/s | logits vs generate with a static cache "
+              "| CPU launches per step (profile) |", "|---|---|---|---|---|---|"]
     for name, record in speed.items():
         rate = record.get("decode_tokens_per_s")
         check = record.get("identity", {})
@@ -334,10 +334,39 @@ def render_issue15() -> str:
                                          f"differ from step {check.get('first_difference')}")
                                          + f" over {check.get('steps')} steps") if check.get("compared") else "not compared"
         ratio = f"{rate / plain:.2f}" if rate and plain else "-"
+        launches = record.get("profile", {}).get("by_step", {}).get("launches") if record.get("profile") else None
         lines.append(f"| {name} | {rate or record.get('crashed') or record.get('load_error') or '-'} | {ratio} | "
-                     f"{record.get('bandwidth_limit_tokens_per_s', '-')} | {verdict} |")
-    lines += ["", f"Recorded by `{next(iter(speed.values()))['command']}`."]
-    return "\n".join(lines)
+                     f"{record.get('bandwidth_limit_tokens_per_s', '-')} | {verdict} | "
+                     f"{f'{launches:,.0f}' if launches else '-'} |")
+    lines += ["", f"Recorded by `{next(iter(speed.values()))['command']}`. The profile covers 16 steps and the "
+              "prefill before them; its Chrome trace is written under `build/traces/`."]
+    return "\n".join(lines + render_decode_elsewhere())
+
+
+def render_decode_elsewhere() -> list:
+    """The tuned decode with the PLE on the GPU, under an 8 GB cap, and on E2B: each ratio against plain generate
+    of the same run and placement, where that run has one."""
+    from helpers import records
+
+    rows = []
+    for preset, model in (("decode-speed-more", "e4b-shape"), ("decode-speed-e2b", "e2b-shape")):
+        recorded = records.preset_records(preset, model)
+        for name, record in recorded.items():
+            config = record["configuration"]
+            plain = next((r for r in recorded.values() if r["configuration"].get("decode") == "generate"
+                          and r["configuration"]["ple"] == config["ple"] and r["configuration"].get("card_gb") is None), None)
+            rate = record.get("decode_tokens_per_s")
+            ratio = (f"{rate / plain['decode_tokens_per_s']:.2f}" if rate and plain and plain is not record
+                     and plain.get("decode_tokens_per_s") else "-")
+            card = f"{config['card_gb']:g} GB" if config.get("card_gb") else "uncapped"
+            rows.append(f"| {name} | {model} | {config['ple'].upper()} | {card} | "
+                        f"{rate or record.get('crashed') or ('out of memory' if record.get('greedy_oom') else '-')} | {ratio} |")
+    if not rows:
+        return ["", "With the PLE on the GPU, under an 8 GB cap and on E2B: not yet measured (`make bench "
+                "PRESET=decode-speed-more`, `decode-speed-e2b`)."]
+    return ["", "The same decode elsewhere (x: against plain `generate` of the same run and placement):", "",
+            "| configuration | model | PLE on | card | tokens/s | x plain generate |", "|---|---|---|---|---|---|", *rows,
+            "", "Recorded by `python -m helpers.bench decode-speed-more` (and `decode-speed-e2b`)."]
 
 
 def render_gpu_run(run: dict) -> str:
