@@ -180,3 +180,21 @@ def peak_against_context_paths(predicted: dict, measured: dict, ax=None, card_gb
     ax.set_ylabel("peak GB on the GPU")
     ax.legend(fontsize=8)
     return ax
+
+
+def decode_speeds(records: dict, ax=None):
+    """Tokens/s of each decode mode of one benchmark run (name -> record), as bars, with the bandwidth limit
+    the same run measured as a line: how far each mode is from what the GPU's memory could feed."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3))
+    timed = {name: r["decode_tokens_per_s"] for name, r in records.items() if r.get("decode_tokens_per_s")}
+    bars = ax.barh(list(timed), list(timed.values()), color="tab:blue")
+    ax.bar_label(bars, fmt="%.1f", padding=3, fontsize=8)
+    limits = [r["bandwidth_limit_tokens_per_s"] for r in records.values() if r.get("bandwidth_limit_tokens_per_s")]
+    if limits:
+        ax.set_title(f"bandwidth limit of this GPU: {min(limits):,.0f} tokens/s (off the scale)", fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlabel("decode tokens/s, batch 1")
+    return ax

@@ -118,3 +118,15 @@ def test_a_stale_progress_bar_and_a_library_warning_are_reported():
     cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="Failed to load CPU gemm_4bit_forward from kernels-community")]
     nb.cells.append(cell)
     assert len(stale_output(nb)) == 2
+
+
+def test_the_decode_speed_chart_shows_one_labelled_bar_per_timed_mode_and_names_the_bandwidth_limit():
+    timed = {"generate": {"decode_tokens_per_s": 13.2, "bandwidth_limit_tokens_per_s": 1184.4},
+             "cudagraphs": {"decode_tokens_per_s": 78.8, "bandwidth_limit_tokens_per_s": 1190.0},
+             "crashed": {"crashed": "timed out", "decode_tokens_per_s": None}}
+    ax = charts.decode_speeds(timed)
+    labels = [tick.get_text() for tick in ax.get_yticklabels()]
+    assert labels == ["generate", "cudagraphs"]  # a mode without a speed gets no empty bar
+    assert [text.get_text() for text in ax.texts] == ["13.2", "78.8"]
+    assert "1,184" in ax.get_title()  # the lower of the run's measured limits
+    plt.close(ax.figure)
