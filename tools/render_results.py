@@ -325,7 +325,7 @@ def render_issue15() -> str:
         return "\n".join(lines)
     plain = speed.get("generate", {}).get("decode_tokens_per_s")
     lines += ["| mode | tokens/s | x plain generate | bandwidth limit, tokens/s | logits vs generate with a static cache "
-              "| CPU launches per step (profile) |", "|---|---|---|---|---|---|"]
+              "| CPU launches per step (profile) | GPU busy (profile) |", "|---|---|---|---|---|---|---|"]
     for name, record in speed.items():
         rate = record.get("decode_tokens_per_s")
         check = record.get("identity", {})
@@ -334,12 +334,14 @@ def render_issue15() -> str:
                                          f"differ from step {check.get('first_difference')}")
                                          + f" over {check.get('steps')} steps") if check.get("compared") else "not compared"
         ratio = f"{rate / plain:.2f}" if rate and plain else "-"
-        launches = record.get("profile", {}).get("by_step", {}).get("launches") if record.get("profile") else None
+        profile = record.get("profile") or {}
+        launches, busy = profile.get("by_step", {}).get("launches"), profile.get("device_busy_fraction")
         lines.append(f"| {name} | {rate or record.get('crashed') or record.get('load_error') or '-'} | {ratio} | "
                      f"{record.get('bandwidth_limit_tokens_per_s', '-')} | {verdict} | "
-                     f"{f'{launches:,.0f}' if launches else '-'} |")
+                     f"{f'{launches:,.0f}' if launches else '-'} | {f'{busy:.0%}' if busy else '-'} |")
     lines += ["", f"Recorded by `{next(iter(speed.values()))['command']}`. The profile covers 16 steps and the "
-              "prefill before them; its Chrome trace is written under `build/traces/`."]
+              "prefill before them; GPU busy is the time its kernels ran over the wall time; its Chrome trace is written "
+              "under `build/traces/` (open it at https://ui.perfetto.dev)."]
     return "\n".join(lines + render_decode_elsewhere())
 
 
