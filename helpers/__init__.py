@@ -12,7 +12,7 @@ Imports point down this list, never up:
     weights                        bytes per part from the meta model, before loading
     loading                        load_model(source, quant, ple, device)
     long_context, decoding         long prompts without copies (chunks, window-sized cache); greedy decoding in CUDA graphs
-    records                        readers of the recorded results (data/measurements, gpu-tier, gguf, chat)
+    records                        readers of the recorded results (data/measurements, gpu-tier, gguf, chat, cited)
     planner                        predict / fits: memory before loading, from a config and the records
     anatomy, charts, environment   module trees, plots, the setup check
     mirror, faults                 a classroom mirror (files streamed from disk, olah behind a guarding front); a fault-injecting proxy

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from .errors import InvalidChoiceError
-from .paths import CHAT_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR, write_text_atomically
+from .paths import CHAT_DIR, CITED_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR, write_text_atomically
 
 
 def latest_records(directory: Path = MEASUREMENTS_DIR, preset: str | None = None) -> list:
@@ -114,6 +114,11 @@ def gguf_route(model: str = "e4b-shape", directory: Path = GGUF_DIR) -> dict:
 def cited_route_comparison(directory: Path = GGUF_DIR) -> dict:
     """The seed article's comparison of the two routes, as it stands (cited, not measured)."""
     return json.loads((Path(directory) / "cited.json").read_text())
+
+
+def cited_decode_speeds(directory: Path = CITED_DIR) -> dict:
+    """Published decode speeds of other routes, the anchors the course's own speeds stand beside (cited, not measured)."""
+    return json.loads((Path(directory) / "decode-speeds.json").read_text())
 
 
 def plain_string_outcomes(directory: Path = CHAT_DIR) -> list:

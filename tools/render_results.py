@@ -342,6 +342,13 @@ def render_issue15() -> str:
     lines += ["", f"Recorded by `{next(iter(speed.values()))['command']}`. The profile covers 16 steps and the "
               "prefill before them; GPU busy is the time its kernels ran over the wall time; its Chrome trace is written "
               "under `build/traces/` (open it at https://ui.perfetto.dev)."]
+    cited = records.cited_decode_speeds()
+    tuned = speed.get("cudagraphs", {})
+    if tuned.get("decode_tokens_per_s") and tuned.get("bandwidth_limit_tokens_per_s"):
+        lines += ["", f"The CUDA-graph step reaches {tuned['decode_tokens_per_s'] / tuned['bandwidth_limit_tokens_per_s']:.1%} "
+                  "of the bandwidth limit. Beside it, " + "; ".join(
+                      f"{row['route']} on an {row['gpu']}: about {row['decode_tokens_per_s']} tokens/s" for row in cited["rows"])
+                  + f" ({cited['source']})."]
     return "\n".join(lines + render_decode_elsewhere())
 
 
