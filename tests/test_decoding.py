@@ -274,6 +274,8 @@ def test_the_tuned_decode_refuses_a_batch_and_settings_of_the_wrong_kind(nf4, id
         decoding.TunedGreedy(nf4, "reduce-overhead")
     with pytest.raises(CourseError, match="batch 1"):
         decoding.TunedGreedy(nf4, decoding.Decoder(compile=None)).greedy(ids.repeat(2, 1), 2)
+    with pytest.raises(CourseError, match="at least 34"):
+        decoding.TunedGreedy(nf4, decoding.Decoder(compile=None)).greedy(ids, 2, cache_length=33)
 
 
 def test_reproducible_kernels_fix_cublas_and_keep_attention_off_cudnn_whose_runs_drift_apart(monkeypatch):
