@@ -139,6 +139,12 @@ def test_every_issue_15_preset_is_estimated_to_finish_within_ten_minutes_on_the_
         assert 60 < total < 600, (name, total)
 
 
+def test_a_profiled_configuration_is_estimated_longer_since_the_profiler_and_its_trace_take_time():
+    plain = bench.Configuration("e4b-shape", "nf4", "cpu", name="a", decode="generate", new_tokens=256)
+    profiled = bench.Configuration("e4b-shape", "nf4", "cpu", name="a", decode="generate", new_tokens=256, profile=True)
+    assert bench.estimate_seconds(profiled) - bench.estimate_seconds(plain) == pytest.approx(bench.PROFILE_S)
+
+
 def test_the_estimate_grows_faster_than_the_context_since_attention_reads_every_earlier_token():
     def prefill_seconds(contexts):
         config = bench.Configuration("e4b-shape", "nf4", "cpu", name="a", path="tuned", contexts=contexts, new_tokens=0)
