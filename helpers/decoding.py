@@ -1,7 +1,8 @@
 """Decoding faster with what transformers and PyTorch provide, and a profile that shows why plain decoding is slow.
 
-Plain ``generate`` at batch 1 launches several hundred small kernels per token from Python; the GPU
-waits for the CPU. The tuned decode (``Decoder``) removes that wait in four steps, each checked here:
+Plain ``generate`` at batch 1 launches hundreds (tiny) to thousands (E4B) of small kernels per token from Python;
+the GPU waits for the CPU (notebook 09 prints the profile). The tuned decode (``Decoder``) removes that wait with
+the parts below, each checked here:
 
   hooks        accelerate wraps every module's forward in an ``AlignDevicesHook`` whose ``pre_forward`` /
                ``post_forward`` are ``torch.compiler.disable``d (accelerate 1.15 ``hooks.py``): each is a graph
