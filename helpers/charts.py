@@ -183,8 +183,9 @@ def peak_against_context_paths(predicted: dict, measured: dict, ax=None, card_gb
 
 
 def decode_speeds(records: dict, ax=None):
-    """Tokens/s of each decode mode of one benchmark run (name -> record), as bars, with the bandwidth limit
-    the same run measured as a line: how far each mode is from what the GPU's memory could feed."""
+    """Tokens/s of each decode mode of one benchmark run (name -> record), as bars, and in the title the
+    bandwidth limit the same run measured (far off the scale): how far each mode is from what the GPU's
+    memory could feed."""
     import matplotlib.pyplot as plt
 
     if ax is None:

@@ -44,7 +44,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch._dynamo
 from transformers.cache_utils import StaticSlidingWindowLayer
 
 from . import placement
@@ -282,7 +281,7 @@ class StepGraphs:
         self._pool = None
 
     def phase(self, cache, inputs: dict) -> tuple:
-        full = tuple(getattr(layer, "cumulative_length_int", 0) >= layer.max_cache_len for layer in cache.layers
+        full = tuple(layer.cumulative_length_int >= layer.max_cache_len for layer in cache.layers
                      if hasattr(layer, "cumulative_length_int"))
         shapes = tuple((path, tuple(t.shape), t.dtype) for path, t in _tensors(inputs))
         masks = inputs.get("attention_mask")
