@@ -105,16 +105,19 @@ def test_a_full_window_indexed_once_updates_the_cache_exactly_as_the_library_doe
     from transformers.cache_utils import StaticSlidingWindowLayer
 
     torch.manual_seed(0)
-    library, ours = (StaticSlidingWindowLayer(max_cache_len=32, sliding_window=4) for _ in range(2))
+    library, ours, broken = (StaticSlidingWindowLayer(max_cache_len=32, sliding_window=4) for _ in range(3))
     prompt = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
-    for layer in (library, ours):
+    for layer in (library, ours, broken):
         layer.update(*prompt)  # the window is full from here on
-    assert decoding.index_full_windows_once(type("Cache", (), {"layers": [ours]})()) == 1
+    assert decoding.index_full_windows_once(type("Cache", (), {"layers": [ours, broken]})()) == 2
     assert type(ours) is decoding.FullWindowIndexedLayer
+    broken.last_index = torch.tensor([-2])  # the control: the new token written one row too early
     for _ in range(3):
         token = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+        wrong = broken.update(*token)
         for got, want in zip(ours.update(*token), library.update(*token)):
             assert torch.equal(got, want)
+        assert not torch.equal(wrong[0], library.keys)
     assert ours.cumulative_length_int == library.cumulative_length_int == 9
     assert not torch.equal(ours.keys, prompt[0][:, :, -4:])  # the window moved
 
