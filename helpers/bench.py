@@ -41,7 +41,7 @@ import torch
 from . import models
 from .cards import SIMULATED_CARDS_GB
 from .errors import CourseError, InvalidChoiceError
-from .long_context import DEFAULT_CHUNK
+from .long_context import DEFAULT_CHUNK, longest_prompt
 from .measure import DECODE_MODES, compare_logits
 from .paths import BUILD_DIR, MEASUREMENTS_DIR
 from .placement import PLACEMENTS
@@ -50,6 +50,9 @@ from .records import HOST_PEAK_KEYS, speed_record
 MODELS = ("e4b-shape", "e2b-shape")
 MEMORY_CONTEXTS = (512, 1024, 2048, 4096, 8500, 16384, 32768)
 LONG_CONTEXTS = (8192, 16384, 32768, 65536, 131072)  # E4B's max_position_embeddings is the last
+# the goal's conversation fills E4B's 131,072 positions: the longest prompt that leaves room for 32 decoded tokens
+GOAL_NEW_TOKENS = 32
+GOAL_PROMPT = longest_prompt(LONG_CONTEXTS[-1], GOAL_NEW_TOKENS)
 TRACES_DIR = BUILD_DIR / "traces"  # torch.profiler traces (large; not committed)
 
 
@@ -107,15 +110,15 @@ class Configuration:
 
 def _long_context() -> list:
     """E4B NF4, PLE on the CPU: peak against context for the plain and the tuned chunked prefill (prefills only),
-    then the goal: 131,072 tokens and 32 more on an 8 GB card, logits equal to the same code uncapped, and the
-    plain path on the same card for contrast."""
+    then the goal: a prompt and 32 more tokens filling the model's 131,072 positions on an 8 GB card, logits equal
+    to the same code uncapped, and the plain path on the same card for contrast."""
     on = {"model": "e4b-shape", "quant": "nf4", "ple": "cpu"}
     return [Configuration(**on, name="plain", path="plain", contexts=LONG_CONTEXTS, new_tokens=0),
             Configuration(**on, name="tuned", path="tuned", contexts=LONG_CONTEXTS, new_tokens=0),
-            Configuration(**on, name="tuned-128k", path="tuned", greedy_context=LONG_CONTEXTS[-1], new_tokens=32,
+            Configuration(**on, name="tuned-128k", path="tuned", greedy_context=GOAL_PROMPT, new_tokens=GOAL_NEW_TOKENS,
                           keep_logits=True),
-            Configuration(**on, name="tuned-128k-8gb", card_gb=8, path="tuned", greedy_context=LONG_CONTEXTS[-1],
-                          new_tokens=32, keep_logits=True, reference="tuned-128k"),
+            Configuration(**on, name="tuned-128k-8gb", card_gb=8, path="tuned", greedy_context=GOAL_PROMPT,
+                          new_tokens=GOAL_NEW_TOKENS, keep_logits=True, reference="tuned-128k"),
             Configuration(**on, name="plain-128k-8gb", card_gb=8, path="plain", contexts=(LONG_CONTEXTS[-1],), new_tokens=0)]
 
 

@@ -64,6 +64,18 @@ def new_cache(model, kind: str = "static", max_cache_len: int | None = None):
     return StaticCache(config=text_config_of(model), max_cache_len=max_cache_len)
 
 
+def positions_written(context: int, new_tokens: int) -> int:
+    """How many positions ``generate`` writes to the cache: the prompt and every new token but the last, which
+    is only predicted, never fed back (transformers sizes its own static cache ``max_length - 1``). So a
+    prompt of the model's whole ``max_position_embeddings`` still gets one new token."""
+    return context + max(new_tokens - 1, 0)
+
+
+def longest_prompt(max_positions: int, new_tokens: int) -> int:
+    """The longest prompt whose ``new_tokens`` still fit in ``max_positions`` (``positions_written`` inverted)."""
+    return max_positions - max(new_tokens - 1, 0)
+
+
 # --------------------------------------------------------------------------- what a cache holds
 
 @dataclass(frozen=True)
@@ -257,7 +269,7 @@ class LongContext:
         """``generate`` keyword arguments for a prompt of ``context`` tokens and ``new_tokens`` more: the
         chunk size and a fresh cache (passed as an object: ``cache_implementation="static"`` with
         ``prefill_chunk_size`` fails on Gemma 4 in transformers 5.17, see ``tests/test_long_context.py``)."""
-        cache = new_cache(model, self.cache, context + new_tokens if self.cache == "static" else None)
+        cache = new_cache(model, self.cache, positions_written(context, new_tokens) if self.cache == "static" else None)
         return {"prefill_chunk_size": self.chunk, cache_argument(model): cache}
 
     def generate(self, model, ids: torch.Tensor, new_tokens: int, *, keep_logits: bool = False, cache=None):

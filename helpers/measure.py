@@ -47,7 +47,7 @@ import torch
 from . import cards, decoding, loading, models, placement, quantization
 from .errors import CourseError
 from .host_memory import PeakSampler, peak_rss_bytes
-from .long_context import DEFAULT_CHUNK, LongContext
+from .long_context import DEFAULT_CHUNK, LongContext, longest_prompt
 from .planner import PATHS, decode_bytes_per_token, largest_true
 from .records import environment
 from .weights import meta_model
@@ -206,6 +206,9 @@ def config_sha256(source) -> str:
     return hashlib.sha256((Path(models.resolve(source)) / "config.json").read_bytes()).hexdigest()
 
 
+FIT_DECODE_TOKENS = 8  # a context fits when its prefill and this many decoded tokens run
+
+
 def prefill_peak(model, tokenizer, context: int, device, new_tokens: int = 1, settings: LongContext | None = None) -> dict:
     """Peak GPU memory and speed of one ``generate`` prefill of ``context`` tokens (and
     ``new_tokens`` - 1 decoded after it), plain or with long-context ``settings``;
@@ -255,7 +258,8 @@ def snapshot_prefill(model, tokenizer, context: int, path, device) -> Path:
     return path
 
 
-def fits_context(model, tokenizer, context: int, device, decode_tokens: int = 8, settings: LongContext | None = None) -> bool:
+def fits_context(model, tokenizer, context: int, device, decode_tokens: int = FIT_DECODE_TOKENS,
+                 settings: LongContext | None = None) -> bool:
     """Does a prefill of ``context`` tokens plus a few decoded ones run without running out of memory?"""
     return not prefill_peak(model, tokenizer, context, device, new_tokens=decode_tokens, settings=settings).get("oom")
 
@@ -287,7 +291,8 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
             profile_steps: int = 16):
     """Measure one route in this process. ``decode_runs`` > 1 adds a warm-up run and reports the
     median decode speed; ``search_max_context`` bisects the largest context that prefills and decodes,
-    up to ``max_context_limit`` (default: the model's ``max_position_embeddings``); ``logits_out`` keeps
+    up to ``max_context_limit`` (default: the longest prompt whose decoded tokens fit the model's
+    ``max_position_embeddings``); ``logits_out`` keeps
     the greedy run's logits for a bit-for-bit comparison with another route. ``path``, ``prefill_chunk``:
     long prompts; ``decode``, ``greedy_context``, ``profile_trace``: decoding speed (the module's docstring)."""
     checkpoint = models.resolve(source)  # once; a synthetic checkpoint is built before any card-sized cap
@@ -342,7 +347,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
                             logits_out=logits_out)
         if search_max_context:
             text_config = getattr(model.config, "text_config", model.config)
-            limit = max_context_limit or text_config.max_position_embeddings
+            limit = max_context_limit or longest_prompt(text_config.max_position_embeddings, FIT_DECODE_TOKENS)
             record["max_context"] = largest_true(
                 512, limit, lambda context: fits_context(model, tokenizer, context, device, settings=settings))
             record["max_context_limit"] = limit

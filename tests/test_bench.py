@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from helpers import bench, cards, records
+from helpers import bench, cards, long_context, models, records
 from helpers.errors import CourseError
 from helpers.planner import largest_true
 
@@ -174,12 +174,14 @@ def test_the_decode_presets_time_plain_generate_and_the_tuned_decode_over_256_to
     assert speed["cudagraphs"].reference == "generate-static"
 
 
-def test_the_long_context_preset_decodes_32_tokens_after_131072_on_an_8_gb_card_against_the_same_code_uncapped():
+def test_the_long_context_preset_fills_all_131072_positions_with_32_decoded_on_an_8_gb_card_against_the_same_code_uncapped():
+    positions = models.load_config("e4b-shape").get_text_config().max_position_embeddings
     configurations = {c.name: c for c in bench.presets()["long-context"]}
     capped = configurations["tuned-128k-8gb"]
-    assert (capped.card_gb, capped.greedy_context, capped.new_tokens, capped.path) == (8, 131072, 32, "tuned")
+    assert (capped.card_gb, capped.new_tokens, capped.path) == (8, 32, "tuned")
+    assert long_context.positions_written(capped.greedy_context, capped.new_tokens) == positions == 131072
     uncapped = configurations[capped.reference]
-    assert uncapped.card_gb is None and (uncapped.greedy_context, uncapped.path) == (131072, "tuned")
+    assert uncapped.card_gb is None and (uncapped.greedy_context, uncapped.path) == (capped.greedy_context, "tuned")
     assert configurations["plain"].contexts == configurations["tuned"].contexts == bench.LONG_CONTEXTS
 
 

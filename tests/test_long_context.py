@@ -191,6 +191,22 @@ def test_bad_long_context_settings_are_refused_in_one_sentence(make, message):
         make()
 
 
+def test_a_prompt_that_fills_every_position_the_model_has_still_gets_its_new_tokens(model):
+    """generate never feeds the last new token back, so a static cache of prompt + new - 1 positions is enough:
+    sized prompt + new, the goal's conversation (E4B's whole 131,072 positions) would be refused."""
+    positions = model.config.get_text_config().max_position_embeddings
+    prompt = long_context.longest_prompt(positions, 3)
+    ids = token_ids(prompt, seed=5)
+    tuned = long_context.LongContext(chunk=1024).generate(model, ids, 3, keep_logits=True)
+    plain = long_context.LongContext.plain(chunk=1024).generate(model, ids, 3, keep_logits=True)
+    assert tuned.sequences.shape[1] == positions + 1  # every position written, and one token predicted after them
+    for step_tuned, step_plain in zip(tuned.logits, plain.logits, strict=True):
+        assert long_context.logits_agree(step_plain, step_tuned)["close"]
+    assert not torch.equal(tuned.logits[0], tuned.logits[-1])  # the compared logits vary from step to step
+    with pytest.raises(InvalidChoiceError, match="max_position_embeddings"):  # one prompt token more does not fit
+        long_context.LongContext(chunk=1024).generate(model, token_ids(prompt + 1, seed=5), 3)
+
+
 def test_a_static_cache_needs_its_length_and_a_length_the_model_can_take(model):
     with pytest.raises(CourseError, match="max_cache_len"):
         long_context.new_cache(model, "static")
