@@ -117,7 +117,7 @@ test-gpu-cards:
 	pids=""; for card in $(GPU_CARDS); do \
 		if [ $$card = uncapped ]; then card=; fi; i=0; \
 		for group in $(GPU_NOTEBOOK_GROUPS); do i=$$((i + 1)); \
-			NBVAL_COMMAND="GPU_RECORD=1 GEMMA_MODEL=$${GEMMA_MODEL:-e4b-shape} make test-gpu-cards" \
+			NBVAL_COMMAND="GPU_RECORD=1 GEMMA_MODEL=$${GEMMA_MODEL:-e4b-shape} GPU_NOTEBOOK_GROUPS='$(GPU_NOTEBOOK_GROUPS)' make test-gpu-cards" \
 			CARD_GB=$$card GPU_GROUP=-$$i OMP_NUM_THREADS=$$threads GPU_NOTEBOOKS="$$(echo notebooks/$$group*.ipynb)" \
 				$(MAKE) --no-print-directory test-gpu-notebooks & pids="$$pids $$!"; done; done; \
 	status=0; for pid in $$pids; do wait $$pid || status=1; done; exit $$status

@@ -111,7 +111,7 @@ class Configuration:
 def _long_context() -> list:
     """E4B NF4, PLE on the CPU: peak against context for the plain and the tuned chunked prefill (prefills only),
     then the goal: a prompt and 32 more tokens filling the model's 131,072 positions on an 8 GB card, logits equal
-    to the same code uncapped, and the plain path on the same card for contrast."""
+    to the same code uncapped beside a control that must differ, and the plain path on the same card for contrast."""
     on = {"model": "e4b-shape", "quant": "nf4", "ple": "cpu"}
     return [Configuration(**on, name="plain", path="plain", contexts=LONG_CONTEXTS, new_tokens=0),
             Configuration(**on, name="tuned", path="tuned", contexts=LONG_CONTEXTS, new_tokens=0),
@@ -119,6 +119,10 @@ def _long_context() -> list:
                           keep_logits=True),
             Configuration(**on, name="tuned-128k-8gb", card_gb=8, path="tuned", greedy_context=GOAL_PROMPT,
                           new_tokens=GOAL_NEW_TOKENS, keep_logits=True, reference="tuned-128k"),
+            # the control beside that identity: the same capped run with one PLE row one bf16 ulp off
+            Configuration(**{**on, "card_gb": 8}, name="tuned-128k-8gb-nudged", route="ple-cpu-nudged", path="tuned",
+                          greedy_context=GOAL_PROMPT, new_tokens=GOAL_NEW_TOKENS, keep_logits=True, reference="tuned-128k",
+                          control=True),
             Configuration(**on, name="plain-128k-8gb", card_gb=8, path="plain", contexts=(LONG_CONTEXTS[-1],), new_tokens=0)]
 
 

@@ -59,6 +59,79 @@ def preset_records(preset: str, model: str = "e4b-shape", directory: Path = MEAS
             if r["configuration"]["model"] == model}
 
 
+def largest_contexts(model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
+    """The largest prompt each simulated card prefilled and decoded after (bisected to 512 tokens), NF4 with the PLE
+    on the CPU: card GB -> {how it was prefilled: tokens}. ``generate`` in one forward (the cards preset) and the
+    chunked paths of issue 15 (``long-context-8gb``, ``long-context-cards``); a search that reached
+    ``max_context_limit`` stopped at the model's positions, not at the card."""
+    reached: dict = {}
+    for preset in ("cards", "long-context-8gb", "long-context-cards"):
+        for record in latest_records(directory, preset=preset):
+            c = record["configuration"]
+            if c["model"] != model or c["quant"] != "nf4" or c["ple"] != "cpu" or c.get("route"):
+                continue
+            how = ("generate, one prefill" if preset == "cards" else f"{c['path']}, chunks of {c['prefill_chunk']:,}"
+                   + (f", {c['allocator']}" if c.get("allocator") else ""))
+            limit = record.get("max_context_limit")
+            reached.setdefault(c["card_gb"], {})[how] = (
+                record.get("max_context"), bool(limit) and record.get("max_context") == limit)
+    return {card: reached[card] for card in sorted(reached)}
+
+
+def _gb(value) -> str:
+    return "-" if value is None else f"{value / 1e9:.2f} GB"
+
+
+def _rate(point: dict) -> str:
+    return "-" if point.get("tokens_per_s") is None else f"{point['tokens_per_s']:,.0f}"
+
+
+def long_context_goal(model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> list:
+    """Issue 15's first goal in sentences, from the long-context preset's newest records: the conversation that
+    fills the model's positions on a simulated 8 GB card against the same code uncapped (and its control, where the
+    run had one), the plain path on that card, and what each path cost at the longest prompt. [] before the run."""
+    recorded = preset_records("long-context", model, directory)
+    capped = recorded.get("tuned-128k-8gb")
+    if capped is None:
+        return []
+    c = capped["configuration"]
+    check = capped.get("identity") or {}
+    if capped.get("crashed") or capped.get("greedy_oom"):
+        outcome = capped.get("crashed") or "out of memory"
+    else:
+        verdict = ("identical to" if check.get("identical") else f"different from step {check.get('first_difference')} of"
+                   ) if check.get("compared") else "not compared with"
+        outcome = (f"{capped.get('greedy_token_count')} tokens decoded ({capped.get('greedy_distinct_tokens')} distinct), "
+                   f"peak {_gb(capped.get('peak_generate_bytes'))} allocated and {_gb(capped.get('peak_generate_reserved_bytes'))} "
+                   f"reserved under the {c['card_gb']:g} GB cap; logits {verdict} the same code uncapped"
+                   + (f" over {check.get('steps')} self-consistent steps" if check.get("compared") else ""))
+    lines = [f"Tuned, {c['card_gb']:g} GB card: a {c['greedy_context']:,}-token prompt in chunks of {c['prefill_chunk']:,} and "
+             f"{c['new_tokens']} tokens decoded after it, {c['greedy_context'] + c['new_tokens'] - 1:,} positions written: "
+             f"{outcome}."]
+    control = next((r for r in recorded.values() if r["configuration"].get("control")), None)
+    if control is None:
+        lines.append("This run had no deliberately broken control beside that comparison.")
+    else:
+        told = (control.get("identity") or {}).get("told_apart")
+        lines.append(f"Its control, `{control['configuration']['name']}` (one PLE row one bf16 ulp off): "
+                     + ("told apart." if told else "NOT told apart: the comparison proves nothing."))
+    plain = recorded.get("plain-128k-8gb")
+    if plain and plain.get("prefill"):
+        point = plain["prefill"][-1]
+        lines.append(f"Plain, {plain['configuration']['card_gb']:g} GB card, a {point['context']:,}-token prefill: "
+                     + ("out of memory." if point.get("oom") else f"peak {_gb(point.get('peak_bytes'))}."))
+    longest = {name: {p["context"]: p for p in recorded.get(name, {}).get("prefill", [])} for name in ("plain", "tuned")}
+    shared = sorted(set(longest["plain"]) & set(longest["tuned"]))
+    if shared:
+        n = shared[-1]
+        cost = {name: longest[name][n] for name in ("plain", "tuned")}
+        if all("peak_bytes" in point for point in cost.values()):
+            described = [f"{name} {_gb(point['peak_bytes'])} allocated, {_gb(point.get('peak_reserved_bytes'))} reserved, "
+                         f"{_rate(point)} tokens/s of prefill" for name, point in cost.items()]
+            lines.append(f"Uncapped at {n:,} tokens: " + "; ".join(described) + ".")
+    return lines
+
+
 def gpu_tier(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU_TIER_DIR) -> dict:
     """The GPU tier's records for a model and quantization, route -> record."""
     path = Path(directory) / f"{model}-{quant}.json"

@@ -182,6 +182,9 @@ def test_the_long_context_preset_fills_all_131072_positions_with_32_decoded_on_a
     assert long_context.positions_written(capped.greedy_context, capped.new_tokens) == positions == 131072
     uncapped = configurations[capped.reference]
     assert uncapped.card_gb is None and (uncapped.greedy_context, uncapped.path) == (capped.greedy_context, "tuned")
+    control = configurations["tuned-128k-8gb-nudged"]  # an identity with nothing beside it that must differ proves nothing
+    assert control.control and control.route == "ple-cpu-nudged" and control.reference == capped.reference
+    assert (control.card_gb, control.greedy_context, control.new_tokens) == (8, capped.greedy_context, capped.new_tokens)
     assert configurations["plain"].contexts == configurations["tuned"].contexts == bench.LONG_CONTEXTS
 
 
@@ -291,3 +294,47 @@ def test_a_capped_run_that_reserved_more_than_its_card_is_called_out():
     assert "NOT enforced" in bench.summary_lines([record])[0]
     record["prefill"][0]["peak_reserved_bytes"] = 7.5e9
     assert "NOT enforced" not in bench.summary_lines([record])[0]
+
+
+@pytest.mark.parametrize("differ,expected", [
+    ({"tuned-128k-8gb-nudged"}, ["logits identical to the same code uncapped over 6", "told apart."]),
+    ({"tuned-128k-8gb", "tuned-128k-8gb-nudged"}, ["different from step 3 of the same code uncapped", "told apart."]),
+    (set(), ["identical to", "NOT told apart: the comparison proves nothing."]),
+], ids=["identical-beside-its-control", "differs", "control-not-told-apart"])
+def test_the_long_context_goal_is_described_from_its_records_with_the_verdict_of_its_control(tmp_path, differ, expected):
+    assert records.long_context_goal(directory=tmp_path) == []  # not run yet: nothing claimed
+    bench.run_preset("long-context", runner=logits_runner(tmp_path, differ=differ), directory=tmp_path)
+    text = "\n".join(records.long_context_goal(directory=tmp_path))
+    assert f"a {bench.GOAL_PROMPT:,}-token prompt" in text and "131,072 positions written" in text
+    assert all(part in text for part in expected), text
+
+
+def test_the_largest_contexts_mark_a_search_that_stopped_at_the_models_positions_not_at_the_card(tmp_path):
+    def run(config):
+        reached = 131065 if config.path == "tuned" else 68847 if config.path == "plain" else 16832
+        return {"max_context": reached, "max_context_limit": 131065, "prefill": []}
+
+    for preset in ("long-context-8gb", "long-context-cards", "cards"):
+        bench.run_preset(preset, runner=run, directory=tmp_path)
+    reached = records.largest_contexts(directory=tmp_path)
+    assert set(reached) == set(cards.SIMULATED_CARDS_GB)
+    assert reached[8]["tuned, chunks of 2,048"] == (131065, True)
+    assert reached[8]["plain, chunks of 2,048"] == (68847, False)
+    assert reached[8]["generate, one prefill"] == (16832, False)
+    assert reached[8]["tuned, chunks of 2,048, expandable_segments:True"] == (131065, True)
+
+
+def test_what_notebook_09_and_the_readme_say_about_128k_on_an_8_gb_card_is_what_the_newest_records_say():
+    # a drift test: these sentences are taught from the records; a new run that contradicts them must fail here
+    recorded = records.preset_records("long-context")
+    assert recorded, "no long-context records: make bench PRESET=long-context on a GPU"
+    capped = recorded["tuned-128k-8gb"]
+    c = capped["configuration"]
+    assert long_context.positions_written(c["greedy_context"], c["new_tokens"]) == 131072 and not capped.get("greedy_oom")
+    assert capped["identity"]["identical"] and capped["identity"]["steps"] == c["new_tokens"]
+    assert capped["greedy_distinct_tokens"] > 1  # what was compared varies
+    assert capped["peak_generate_reserved_bytes"] <= c["card_gb"] * 1e9  # the cap held
+    assert recorded["plain-128k-8gb"]["prefill"][-1].get("oom")
+    plain, tuned = ({p["context"]: p for p in recorded[name]["prefill"]}[131072] for name in ("plain", "tuned"))
+    assert plain["peak_reserved_bytes"] > 2 * plain["peak_bytes"]  # "far more than its tensors needed"
+    assert tuned["tokens_per_s"] < plain["tokens_per_s"]  # "memory for time"

@@ -14,6 +14,11 @@ LOADED = [r for r in RECORDS if r.get("resident_bytes") is not None and not r["c
           and not r["configuration"].get("name")]  # named (issue 15) configurations: chunked prefills, decoding modes
 PREFILLS = [(r, p) for r in LOADED for p in r.get("prefill", []) if "peak_bytes" in p]
 CARDS = [r for r in RECORDS if r.get("preset") == "cards" and r.get("max_context")]
+# issue 15: chunked prefills, plain and tuned (make bench PRESET=long-context, long-context-8gb, long-context-cards)
+CHUNKED = [(r, p) for r in RECORDS if r.get("preset") == "long-context" and r["configuration"]["name"] in ("plain", "tuned")
+           for p in r.get("prefill", []) if "peak_bytes" in p]
+CHUNKED_CARDS = [r for r in RECORDS if r.get("preset") in ("long-context-8gb", "long-context-cards") and r.get("max_context")
+                 and not r["configuration"].get("allocator")]  # the planner's reserve was measured with the default allocator
 
 
 def label(record, point=None):
@@ -236,3 +241,31 @@ def test_a_checkpoint_on_a_ram_disk_counts_as_page_cache_not_as_nothing(monkeypa
     sampler = host_memory.PeakSampler()
     sampler._sample()
     assert (sampler.peaks.anon_bytes, sampler.peaks.file_bytes) == (5, 10_040)
+
+
+def test_the_chunked_prefill_records_cover_both_paths_to_131072_and_every_card():
+    assert {(r["configuration"]["name"], p["context"]) for r, p in CHUNKED} == {
+        (path, n) for path in ("plain", "tuned") for n in (8192, 16384, 32768, 65536, 131072)}
+    assert {(r["configuration"]["path"], r["configuration"]["card_gb"]) for r in CHUNKED_CARDS} == {
+        ("plain", 8), ("tuned", 8), ("tuned", 15), ("tuned", 16)}
+
+
+def chunked_label(item):
+    return f"{item['configuration']['name']}" if "configuration" in item else str(item.get("context", ""))
+
+
+@pytest.mark.parametrize("record,point", CHUNKED, ids=chunked_label)
+def test_the_planner_predicts_the_plain_and_the_tuned_chunked_prefill_within_10_percent(record, point):
+    c = record["configuration"]
+    estimate = planner.predict(c["model"], c["quant"], c["ple"], point["context"], prefill_chunk=c["prefill_chunk"],
+                               path=c["path"], calibration=CALIBRATION)
+    assert estimate.peak_bytes == pytest.approx(point["peak_bytes"], rel=0.10), str(estimate)
+
+
+@pytest.mark.parametrize("record", CHUNKED_CARDS, ids=lambda r: r["configuration"]["name"])
+def test_the_planner_never_promises_a_chunked_context_a_card_did_not_reach_and_expects_it_within_12_percent(record):
+    c = record["configuration"]
+    verdict = planner.fits(c["model"], c["card_gb"], c["quant"], c["ple"], record["max_context"],
+                           prefill_chunk=c["prefill_chunk"], path=c["path"], calibration=CALIBRATION)
+    assert verdict.safe_context <= record["max_context"] + 512  # the bisection's resolution
+    assert verdict.max_context == pytest.approx(record["max_context"], rel=0.12)

@@ -294,29 +294,43 @@ def render_issue15() -> str:
 
     lines = ["**Long prompts** (E4B-shaped, NF4, PLE on the CPU, prefill in chunks of "
              f"{bench.DEFAULT_CHUNK:,} tokens). Plain: `generate(prefill_chunk_size=...)` as it comes; tuned: "
-             "`helpers.long_context.LongContext()` (a `StaticCache`, attention without `repeat_kv`). Peak GB:", "",
+             "`helpers.long_context.LongContext()` (a `StaticCache`, attention without `repeat_kv`). Peak GB allocated "
+             "(and reserved by PyTorch's caching allocator, uncapped):", "",
              "| context | planner, plain | planner, tuned | measured, plain | measured, tuned |", "|---|---|---|---|---|"]
     recorded = records.preset_records("long-context")
     measured = {name: {p["context"]: p for p in recorded.get(name, {}).get("prefill", [])} for name in ("plain", "tuned")}
+
+    def cell(point) -> str:
+        if point is None:
+            return "not measured"
+        if point.get("oom"):
+            return "OOM"
+        reserved = point.get("peak_reserved_bytes")
+        return gb(point["peak_bytes"]) + (f" ({gb(reserved)})" if reserved else "")
+
     for context in bench.LONG_CONTEXTS:
         predicted = [planner.predict("e4b-shape", "nf4", "cpu", context, prefill_chunk=bench.DEFAULT_CHUNK, path=path)
                      for path in ("plain", "tuned")]
-        cells = [_peak_at({"prefill": [measured[name][context]]}, context) if context in measured[name] else "not measured"
-                 for name in ("plain", "tuned")]
+        cells = [cell(measured[name].get(context)) for name in ("plain", "tuned")]
         lines.append(f"| {context:,} | {gb(predicted[0].peak_bytes)} | {gb(predicted[1].peak_bytes)} | {cells[0]} | {cells[1]} |")
-    capped = recorded.get("tuned-128k-8gb")
-    if capped is None:
+    goal = records.long_context_goal()
+    if not goal:
         lines += ["", "Not yet measured on a GPU: `make bench PRESET=long-context` (and `long-context-8gb`, "
                   "`long-context-cards`). The planner's columns come from `planner.predict(..., prefill_chunk=..., path=...)`; "
                   "its chunked terms are derived from the shapes transformers hands to attention and await these records."]
     else:
-        check = capped.get("identity", {})
-        verdict = (("logits identical to the same code uncapped" if check.get("identical") else
-                    f"logits differ from the uncapped run at step {check.get('first_difference')}")
-                   + f" over {check.get('steps')} self-consistent steps") if check.get("compared") else "logits not compared"
-        outcome = "ran out of memory" if capped.get("greedy_oom") else f"{capped.get('greedy_token_count')} tokens decoded"
-        lines += ["", f"131,072 tokens and 32 more on a simulated 8 GB card, tuned: {outcome}; {verdict}. "
-                  f"Recorded by `{capped['command']}`."]
+        lines += ["", f"Recorded by `{recorded['tuned-128k-8gb']['command']}`:", ""] + [f"- {line}" for line in goal]
+    reached = records.largest_contexts()
+    ways = list(dict.fromkeys(how for card in reached.values() for how in card))
+    if any("chunks" in how for how in ways):
+        lines += ["", "The largest prompt each simulated card prefilled and decoded 8 tokens after (bisected to 512 "
+                  "tokens; * stopped at the model's 131,072 positions, not at the card):", "",
+                  "| card | " + " | ".join(ways) + " |", "|---" * (len(ways) + 1) + "|"]
+        for card, by_way in reached.items():
+            row = [("-" if way not in by_way else f"{by_way[way][0]:,}" + ("*" if by_way[way][1] else "")) for way in ways]
+            lines.append(f"| {card:g} GB | " + " | ".join(row) + " |")
+        lines += ["", "Recorded by `python -m helpers.bench cards`, `long-context-8gb` and `long-context-cards`. The seed "
+                  "issue's 16 GB card ran out of memory at an 8,500-token prefill (PLE on the GPU, modules kept in bf16)."]
     speed = records.preset_records("decode-speed")
     lines += ["", "**Decoding speed** (E4B-shaped, NF4, PLE on the CPU, batch 1, 256 tokens after a 32-token prompt):", ""]
     if not speed:

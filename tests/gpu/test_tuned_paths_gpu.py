@@ -58,6 +58,9 @@ def test_the_tuned_decode_replays_cuda_graphs_of_the_eager_step_with_the_logits_
     for run in (first, second):
         comparison = measure.compare_logits(reference.logits, run.logits, steps)
         assert comparison["identical"], comparison
+    with measure.ple_row_nudged(model, int(ids[0, -1])):  # the control: one PLE row one bf16 ulp off
+        nudged = tuned.greedy(ids, NEW, keep_logits=True)
+    assert not measure.compare_logits(reference.logits, nudged.logits, steps)["identical"]
 
 
 def test_inductors_cuda_graphs_run_without_a_skip_or_a_break_and_round_differently_within_bounds(ids):
