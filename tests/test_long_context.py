@@ -207,6 +207,18 @@ def test_a_prompt_that_fills_every_position_the_model_has_still_gets_its_new_tok
         long_context.LongContext(chunk=1024).generate(model, token_ids(prompt + 1, seed=5), 3)
 
 
+def test_generate_sizes_its_own_static_cache_as_the_positions_it_writes(model):
+    # the rule positions_written follows is transformers' own: its static cache is max_length - 1 long
+    ids = token_ids(20, seed=6)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, min_new_tokens=5,
+                             do_sample=False, cache_implementation="static", return_dict_in_generate=True)
+    cache = out.past_key_values
+    full = next(layer for layer, kind in zip(cache.layers, model.config.get_text_config().layer_types, strict=False)
+                if kind == "full_attention")
+    assert full.max_cache_len == long_context.positions_written(20, 5) == 24
+
+
 def test_a_static_cache_needs_its_length_and_a_length_the_model_can_take(model):
     with pytest.raises(CourseError, match="max_cache_len"):
         long_context.new_cache(model, "static")
