@@ -131,8 +131,11 @@ def _long_context_cards(cards: tuple, plain: bool) -> list:
     on = {"model": "e4b-shape", "quant": "nf4", "ple": "cpu", "new_tokens": 0, "search_max_context": True}
     return ([Configuration(**on, name=f"tuned-{card}gb", card_gb=card, path="tuned") for card in cards]
             + ([Configuration(**on, name=f"plain-{cards[0]}gb", card_gb=cards[0], path="plain"),
-                # the allocator setting: segments that grow in place instead of new blocks (less fragmentation)
+                # the allocator setting: segments that grow in place instead of new blocks (less fragmentation);
+                # the plain path's growing torch.cat history is where fragmentation can cost tokens
                 Configuration(**on, name=f"tuned-{cards[0]}gb-expandable", card_gb=cards[0], path="tuned",
+                              allocator="expandable_segments:True"),
+                Configuration(**on, name=f"plain-{cards[0]}gb-expandable", card_gb=cards[0], path="plain",
                               allocator="expandable_segments:True")] if plain else []))
 
 
