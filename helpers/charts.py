@@ -175,10 +175,15 @@ def peak_against_context_paths(predicted: dict, measured: dict, ax=None, card_gb
                     marker="o", label=f"{path}: measured")
     for gb in card_gb:
         ax.axhline(gb, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f"{gb:g} GB card", (1, gb), xycoords=("axes fraction", "data"), xytext=(-4, 3),
+                    textcoords="offset points", ha="right", fontsize=8, color="grey")
+    contexts = sorted({n for points in predicted.values() for n in points})
     ax.set_xscale("log", base=2)
+    ax.set_xticks(contexts, [f"{n // 1024}k" for n in contexts])
     ax.set_xlabel("prompt tokens")
-    ax.set_ylabel("peak GB on the GPU")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("peak GB allocated on the GPU")
+    ax.set_title("A long prompt prefilled in chunks: plain and tuned", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
     return ax
 
 

@@ -342,6 +342,14 @@ def decode_bytes_per_token(config, quant: str = "nf4", ple: str = "cpu", context
     return int(weights + kv_cache_bytes(load_config(config), context))
 
 
+def chunked_peaks(contexts, model: str = "e4b-shape", quant: str = "nf4", ple: str = "cpu",
+                  prefill_chunk: int = DEFAULT_CHUNK) -> dict:
+    """The planner's peak bytes of a chunked prefill on each path: path -> {context: bytes} (notebook 09 and the
+    README draw them beside the long-context preset's records)."""
+    return {path: {n: predict(model, quant, ple, n, prefill_chunk=prefill_chunk, path=path).peak_bytes for n in contexts}
+            for path in PATHS}
+
+
 def predicted_peak(model: str, quant: str, ple: str, context: int) -> int:
     """The planner's peak bytes for one prefill (what notebook 06 draws beside a measured curve)."""
     return predict(model, quant, ple, context).peak_bytes

@@ -78,6 +78,13 @@ def largest_contexts(model: str = "e4b-shape", directory: Path = MEASUREMENTS_DI
     return {card: reached[card] for card in sorted(reached)}
 
 
+def long_context_peaks(model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
+    """The long-context preset's measured prefill peaks: path -> {context: bytes}, uncapped ({} before the run)."""
+    recorded = preset_records("long-context", model, directory)
+    return {path: {p["context"]: p["peak_bytes"] for p in recorded[path].get("prefill", []) if "peak_bytes" in p}
+            for path in ("plain", "tuned") if path in recorded}
+
+
 def _gb(value) -> str:
     return "-" if value is None else f"{value / 1e9:.2f} GB"
 

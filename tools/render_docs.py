@@ -188,7 +188,7 @@ def figures() -> list:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from helpers import charts, planner, records
+    from helpers import bench, charts, planner, records
 
     FIGURES.mkdir(parents=True, exist_ok=True)
     memory = records.latest_records(preset="memory")
@@ -196,7 +196,9 @@ def figures() -> list:
     written = []
     for name, draw in (("peak-vs-context.png", lambda ax: charts.peak_vs_context(memory, ax=ax, planner=planner.predicted_peak)),
                        ("what-fits-on-which-card.png", lambda ax: charts.card_fits(cards, ax=ax,
-                                                                                   planner=planner.expected_largest_context))):
+                                                                                   planner=planner.expected_largest_context)),
+                       ("long-prompts.png", lambda ax: charts.peak_against_context_paths(
+                           planner.chunked_peaks(bench.LONG_CONTEXTS), records.long_context_peaks(), ax=ax))):
         figure, ax = plt.subplots(figsize=(9, 5.5))
         draw(ax)
         figure.tight_layout()
