@@ -120,7 +120,7 @@ def _long_context() -> list:
             Configuration(**on, name="tuned-128k-8gb", card_gb=8, path="tuned", greedy_context=GOAL_PROMPT,
                           new_tokens=GOAL_NEW_TOKENS, keep_logits=True, reference="tuned-128k"),
             # the control beside that identity: the same capped run with one PLE row one bf16 ulp off
-            Configuration(**{**on, "card_gb": 8}, name="tuned-128k-8gb-nudged", route="ple-cpu-nudged", path="tuned",
+            Configuration(**on, card_gb=8, name="tuned-128k-8gb-nudged", route="ple-cpu-nudged", path="tuned",
                           greedy_context=GOAL_PROMPT, new_tokens=GOAL_NEW_TOKENS, keep_logits=True, reference="tuned-128k",
                           control=True),
             Configuration(**on, name="plain-128k-8gb", card_gb=8, path="plain", contexts=(LONG_CONTEXTS[-1],), new_tokens=0)]

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from .errors import InvalidChoiceError
+from .long_context import positions_written
 from .paths import CHAT_DIR, CITED_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR, write_text_atomically
 
 
@@ -113,7 +114,7 @@ def long_context_goal(model: str = "e4b-shape", directory: Path = MEASUREMENTS_D
                    f"reserved under the {c['card_gb']:g} GB cap; logits {verdict} the same code uncapped"
                    + (f" over {check.get('steps')} self-consistent steps" if check.get("compared") else ""))
     lines = [f"Tuned, {c['card_gb']:g} GB card: a {c['greedy_context']:,}-token prompt in chunks of {c['prefill_chunk']:,} and "
-             f"{c['new_tokens']} tokens decoded after it, {c['greedy_context'] + c['new_tokens'] - 1:,} positions written: "
+             f"{c['new_tokens']} tokens decoded after it, {positions_written(c['greedy_context'], c['new_tokens']):,} positions written: "
              f"{outcome}."]
     control = next((r for r in recorded.values() if r["configuration"].get("control")), None)
     if control is None:

@@ -290,7 +290,7 @@ def render_benchmark() -> str:
 def render_issue15() -> str:
     """Long prompts and decoding speed: the planner's prediction (derived, not measured) and whatever the issue-15
     presets have recorded; what is not measured yet says so, with the command that measures it."""
-    from helpers import bench, planner, records
+    from helpers import bench, measure, planner, records
 
     lines = ["**Long prompts** (E4B-shaped, NF4, PLE on the CPU, prefill in chunks of "
              f"{bench.DEFAULT_CHUNK:,} tokens). Plain: `generate(prefill_chunk_size=...)` as it comes; tuned: "
@@ -308,11 +308,10 @@ def render_issue15() -> str:
         reserved = point.get("peak_reserved_bytes")
         return gb(point["peak_bytes"]) + (f" ({gb(reserved)})" if reserved else "")
 
+    predicted = planner.chunked_peaks(bench.LONG_CONTEXTS, prefill_chunk=bench.DEFAULT_CHUNK)
     for context in bench.LONG_CONTEXTS:
-        predicted = [planner.predict("e4b-shape", "nf4", "cpu", context, prefill_chunk=bench.DEFAULT_CHUNK, path=path)
-                     for path in ("plain", "tuned")]
         cells = [cell(measured[name].get(context)) for name in ("plain", "tuned")]
-        lines.append(f"| {context:,} | {gb(predicted[0].peak_bytes)} | {gb(predicted[1].peak_bytes)} | {cells[0]} | {cells[1]} |")
+        lines.append(f"| {context:,} | {gb(predicted['plain'][context])} | {gb(predicted['tuned'][context])} | {cells[0]} | {cells[1]} |")
     goal = records.long_context_goal()
     if not goal:
         lines += ["", "Not yet measured on a GPU: `make bench PRESET=long-context` (and `long-context-8gb`, "
@@ -323,8 +322,8 @@ def render_issue15() -> str:
     reached = records.largest_contexts()
     ways = list(dict.fromkeys(how for card in reached.values() for how in card))
     if any("chunks" in how for how in ways):
-        lines += ["", "The largest prompt each simulated card prefilled and decoded 8 tokens after (bisected to 512 "
-                  "tokens; * stopped at the model's 131,072 positions, not at the card):", "",
+        lines += ["", f"The largest prompt each simulated card prefilled and decoded {measure.FIT_DECODE_TOKENS} tokens after "
+                  f"(bisected to 512 tokens; * stopped at the model's {bench.LONG_CONTEXTS[-1]:,} positions, not at the card):", "",
                   "| card | " + " | ".join(ways) + " |", "|---" * (len(ways) + 1) + "|"]
         for card, by_way in reached.items():
             row = [("-" if way not in by_way else f"{by_way[way][0]:,}" + ("*" if by_way[way][1] else "")) for way in ways]
