@@ -68,11 +68,16 @@ def positions_written(context: int, new_tokens: int) -> int:
     """How many positions ``generate`` writes to the cache: the prompt and every new token but the last, which
     is only predicted, never fed back (transformers sizes its own static cache ``max_length - 1``). So a
     prompt of the model's whole ``max_position_embeddings`` still gets one new token."""
+    context = require_whole_number(context, "context", unit="tokens")
+    new_tokens = require_whole_number(new_tokens, "new_tokens", minimum=0, unit="tokens")
     return context + max(new_tokens - 1, 0)
 
 
 def longest_prompt(max_positions: int, new_tokens: int) -> int:
     """The longest prompt whose ``new_tokens`` still fit in ``max_positions`` (``positions_written`` inverted)."""
+    max_positions = require_whole_number(max_positions, "max_positions", unit="positions")
+    new_tokens = require_whole_number(new_tokens, "new_tokens", minimum=0, maximum=max_positions, unit="tokens",
+                                      maximum_is="a prompt needs one position of its own")
     return max_positions - max(new_tokens - 1, 0)
 
 

@@ -185,6 +185,10 @@ def test_a_static_cache_chosen_by_name_with_prefill_chunks_works_on_the_releases
     (lambda: long_context.LongContext(chunk=2048.5), "whole number"),
     (lambda: long_context.LongContext(cache="hybrid"), "choose one of"),
     (lambda: long_context.LongContext(grouped_attention="yes"), "True or False"),
+    (lambda: long_context.positions_written(0, 3), "context=0"),
+    (lambda: long_context.positions_written(4096, -1), "new_tokens=-1"),
+    (lambda: long_context.longest_prompt(131072.0, 32), "whole number"),
+    (lambda: long_context.longest_prompt(32, 33), "too large"),
 ])
 def test_bad_long_context_settings_are_refused_in_one_sentence(make, message):
     with pytest.raises(CourseError, match=message):
