@@ -207,6 +207,11 @@ def test_a_prompt_that_fills_every_position_the_model_has_still_gets_its_new_tok
     for step_tuned, step_plain in zip(tuned.logits, plain.logits, strict=True):
         assert long_context.logits_agree(step_plain, step_tuned)["close"]
     assert not torch.equal(tuned.logits[0], tuned.logits[-1])  # the compared logits vary from step to step
+    # the control: the same full-length cache with its sliding window one position too small must be told apart
+    narrow = long_context.narrow_window(long_context.new_cache(model, "static", long_context.positions_written(prompt, 3)))
+    broken = long_context.LongContext(chunk=1024).generate(model, ids, 3, keep_logits=True, cache=narrow)
+    assert not all(long_context.logits_agree(step_plain, step_broken)["close"]
+                   for step_broken, step_plain in zip(broken.logits, plain.logits, strict=True))
     with pytest.raises(InvalidChoiceError, match="max_position_embeddings"):  # one prompt token more does not fit
         long_context.LongContext(chunk=1024).generate(model, token_ids(prompt + 1, seed=5), 3)
 
