@@ -42,7 +42,7 @@ from . import models
 from .cards import SIMULATED_CARDS_GB
 from .errors import CourseError, InvalidChoiceError
 from .long_context import DEFAULT_CHUNK, longest_prompt
-from .measure import DECODE_MODES, compare_logits
+from .measure import DECODE_MODES, ROUNDING_BOUND, compare_logits, compare_rounding
 from .paths import BUILD_DIR, MEASUREMENTS_DIR
 from .placement import PLACEMENTS
 from .records import HOST_PEAK_KEYS, speed_record
@@ -75,6 +75,7 @@ class Configuration:
     keep_logits: bool = False  # keep the greedy logits for a comparison
     reference: str = ""  # the name of the configuration whose logits these must equal
     control: bool = False  # deliberately broken: its logits must differ from the reference's
+    rounds_differently: bool = False  # other kernels (Inductor's): within rounding of the reference, not equal
     profile: bool = False  # also write a torch.profiler trace of decode steps
     allocator: str = ""  # PYTORCH_ALLOC_CONF for the process, e.g. "expandable_segments:True"
 
@@ -170,7 +171,7 @@ def presets() -> dict:
         "decode-speed-inductor": [_decode(name="generate-static", decode="generate-static"),
                                   _decode(name="loop", decode="loop", reference="generate-static"),
                                   _decode(name="reduce-overhead", decode="reduce-overhead", reference="generate-static",
-                                          profile=True)],
+                                          rounds_differently=True, profile=True)],
         # the same settings with the PLE on the GPU and under an 8 GB cap, and on E2B
         "decode-speed-more": [_decode(ple="gpu", name="e4b-gpu-generate", decode="generate"),
                               _decode(ple="gpu", name="e4b-gpu-cudagraphs", decode="cudagraphs"),
@@ -291,7 +292,24 @@ def identity(reference: dict | None, candidate: dict, config: Configuration) -> 
                   max_abs_diff=compared["max_abs_diff"], distinct_tokens=reference.get("greedy_distinct_tokens"))
     if config.control:
         result["told_apart"] = not compared["identical"]
+    if config.rounds_differently:
+        result["rounding"] = compare_rounding(first, second, steps)
+        # the bound's own control: the reference against itself one step late, what a cache one position off
+        # would give, must fall outside it on these very logits, or the bound could not catch a real fault
+        result["rounding_control_caught"] = not compare_rounding(first[1:steps], first[:steps - 1])["within_rounding"]
     return result
+
+
+def rounding_sentence(check: dict) -> str:
+    """How far kernels that round differently stayed from their reference, from an ``identity`` result."""
+    rounding = check["rounding"]
+    verdict = "within rounding" if rounding["within_rounding"] else "further than rounding"
+    parted = ("the greedy tokens never part" if rounding["tokens_part_at"] is None
+              else f"the greedy tokens part at step {rounding['tokens_part_at']}")
+    control = "caught" if check.get("rounding_control_caught") else "NOT caught"
+    return (f"{verdict}: max |diff| {rounding['max_abs_diff']:.3g} against {ROUNDING_BOUND} x the reference's spread "
+            f"{rounding['reference_std']:.3g} over the {rounding['compared_steps']} steps until {parted}; "
+            f"the reference one step late: {control}")
 
 
 def identity_failures(records: list) -> list:
@@ -303,8 +321,18 @@ def identity_failures(records: list) -> list:
         if not check or not check.get("compared"):
             continue
         name = record["configuration"].get("name")
+        rounding = check.get("rounding")
         if check["control"] and not check["told_apart"]:
             failures.append(f"control {name} gave the same logits as {check['reference']}: the comparison proves nothing")
+        elif rounding is not None:
+            if not rounding["within_rounding"]:
+                failures.append(f"{name} is further from {check['reference']} than rounding: max |diff| "
+                                f"{rounding['max_abs_diff']:.3g} over the {rounding['compared_steps']} steps before their "
+                                f"tokens part, against a bound of {ROUNDING_BOUND} x the reference's spread "
+                                f"{rounding['reference_std']:.3g}")
+            if not check["rounding_control_caught"]:
+                failures.append(f"{check['reference']}'s logits one step late are within rounding of themselves: "
+                                f"the bound beside {name} proves nothing")
         elif not check["control"] and not check["identical"]:
             failures.append(f"{name} differs from {check['reference']} at step {check['first_difference']} "
                             f"(max |diff| {check['max_abs_diff']:.3g}) within {check['steps']} self-consistent steps")
@@ -433,6 +461,8 @@ def summary_lines(records: list) -> list:
             check = record["identity"]
             verdict = ("told apart" if check["told_apart"] else "NOT told apart") if check["control"] else (
                 "identical" if check["identical"] else f"differs at step {check['first_difference']}")
+            if check.get("rounding"):
+                verdict += f" ({rounding_sentence(check)})"
             parts.append(f"logits vs {check['reference']} over {check['steps']} steps: {verdict}")
         lines.append("; ".join(parts))
     return lines

@@ -149,6 +149,30 @@ def compare_logits(reference: torch.Tensor, candidate: torch.Tensor, steps: int 
             "first_difference": differing[0] if differing else None}
 
 
+ROUNDING_BOUND = 0.1  # of the reference logits' standard deviation: what rounding differently may cost
+
+
+def compare_rounding(reference: torch.Tensor, candidate: torch.Tensor, steps: int | None = None) -> dict:
+    """Logits of kernels that round differently (Inductor's fused ones) against a reference. They need not be
+    equal; while both runs still feed the model the same tokens, their largest difference must stay below
+    ``ROUNDING_BOUND`` of the reference's spread. From the step after their greedy tokens part they are two
+    different conversations, so those steps are not compared (``tokens_part_at``: None when they never part)."""
+    steps = min(len(reference), len(candidate)) if steps is None else steps
+    reference, candidate = reference[:steps].float().reshape(steps, -1), candidate[:steps].float()
+    if candidate.numel() != reference.numel():
+        return {"steps": steps, "first_difference": 0, "tokens_part_at": 0, "compared_steps": 0,
+                "max_abs_diff": float("inf"), "reference_std": None, "within_rounding": False}
+    candidate = candidate.reshape(steps, -1)
+    parted = (reference.argmax(-1) != candidate.argmax(-1)).nonzero()
+    tokens_part_at = int(parted[0, 0]) if len(parted) else None
+    same_inputs = steps if tokens_part_at is None else tokens_part_at + 1  # that step's input was still shared
+    difference = (reference[:same_inputs] - candidate[:same_inputs]).abs().max().item()
+    spread = reference[:same_inputs].std().item()
+    return {"steps": steps, "first_difference": compare_logits(reference, candidate)["first_difference"],
+            "tokens_part_at": tokens_part_at, "compared_steps": same_inputs, "max_abs_diff": difference,
+            "reference_std": spread, "within_rounding": difference <= ROUNDING_BOUND * spread}
+
+
 def self_consistent_steps(first: torch.Tensor, second: torch.Tensor) -> int:
     """How many leading steps two runs of the same model agree on bit for bit: a comparison of two
     placements can claim identity only where each placement is identical to itself. With

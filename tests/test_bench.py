@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from helpers import bench, cards, long_context, models, records
+from helpers import bench, cards, long_context, measure, models, records
 from helpers.errors import CourseError
 from helpers.planner import largest_true
 
@@ -338,3 +338,39 @@ def test_what_notebook_09_and_the_readme_say_about_128k_on_an_8_gb_card_is_what_
     plain, tuned = ({p["context"]: p for p in recorded[name]["prefill"]}[131072] for name in ("plain", "tuned"))
     assert plain["peak_reserved_bytes"] > 2 * plain["peak_bytes"]  # "far more than its tensors needed"
     assert tuned["tokens_per_s"] < plain["tokens_per_s"]  # "memory for time"
+
+
+def rounding_runner(directory, noise: float):
+    """A fake measure for decode-speed-inductor: reduce-overhead's logits are the reference's plus ``noise``."""
+    def run(config):
+        record = logits_runner(directory)(config)
+        if config.rounds_differently:
+            logits = torch.load(record["logits_file"])
+            logits += noise * torch.linspace(-1, 1, logits.numel()).reshape(logits.shape)
+            torch.save(logits, record["logits_file"])
+        return record
+    return run
+
+
+def test_inductors_fused_kernels_are_held_to_rounding_not_identity_and_a_larger_difference_is_a_failure(tmp_path):
+    records, _ = bench.run_preset("decode-speed-inductor", runner=rounding_runner(tmp_path, 1e-3), directory=tmp_path / "a")
+    fused = next(r for r in records if r["configuration"]["name"] == "reduce-overhead")["identity"]
+    assert not fused["identical"] and fused["rounding"]["within_rounding"] and fused["rounding_control_caught"]
+    assert fused["rounding"]["tokens_part_at"] is None and fused["rounding"]["compared_steps"] == fused["steps"] == 6
+    assert bench.identity_failures(records) == []
+    assert any("within rounding" in line and "never part" in line for line in bench.summary_lines(records))
+    records, _ = bench.run_preset("decode-speed-inductor", runner=rounding_runner(tmp_path, 3.0), directory=tmp_path / "b")
+    assert [f for f in bench.identity_failures(records) if f.startswith("reduce-overhead is further from generate-static")]
+
+
+def test_the_rounding_check_stops_where_the_greedy_tokens_part_and_still_checks_that_step():
+    reference = 10 * torch.arange(6 * 4, dtype=torch.float32).reshape(6, 4)  # greedy token 3 at every step ...
+    reference[2, 2] = 109.5  # ... with a near tie at step 2 (110 beside it)
+    parted = reference.clone()
+    parted[2, 2] += 1.0  # the tie tipped by a rounding-sized push: the tokens part at step 2 ...
+    parted[3:] = torch.flip(reference[3:], dims=[1])  # ... then two different conversations
+    result = measure.compare_rounding(reference, parted)
+    assert (result["tokens_part_at"], result["compared_steps"], result["max_abs_diff"]) == (2, 3, 1.0)
+    assert result["within_rounding"]  # 1.0 < 0.1 x the spread (about 36); the flipped steps are not held against it
+    parted[2, 2] += 5.0  # the step where they part is still one input both shared: a large jump there is a fault
+    assert not measure.compare_rounding(reference, parted)["within_rounding"]
