@@ -307,9 +307,9 @@ def rounding_sentence(check: dict) -> str:
     parted = ("the greedy tokens never part" if rounding["tokens_part_at"] is None
               else f"the greedy tokens part at step {rounding['tokens_part_at']}")
     control = "caught" if check.get("rounding_control_caught") else "NOT caught"
-    return (f"{verdict}: max |diff| {rounding['max_abs_diff']:.3g} against {ROUNDING_BOUND} x the reference's spread "
-            f"{rounding['reference_std']:.3g} over the {rounding['compared_steps']} steps until {parted}; "
-            f"the reference one step late: {control}")
+    return (f"{verdict}: largest difference {rounding['max_abs_diff']:.3g} against a bound of {ROUNDING_BOUND} x the "
+            f"reference's spread {rounding['reference_std']:.2f}, over the {rounding['compared_steps']} steps until "
+            f"{parted}; the control, the reference one step late as a cache one position off would give: {control}")
 
 
 def identity_failures(records: list) -> list:

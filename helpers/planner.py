@@ -277,6 +277,9 @@ class CardVerdict:
     max_context: int | None  # the largest context that does, with the typical margin (None: does not even load)
     estimate: MemoryEstimate
     safe_context: int | None = None  # the same with the largest margin any measured card needed
+    # the same with no margin: what the card holds if the caching allocator wastes nothing between blocks
+    # (PYTORCH_ALLOC_CONF=expandable_segments:True comes close: freed pages join one growing segment)
+    unfragmented_context: int | None = None
 
     def __str__(self) -> str:
         if not self.loads:
@@ -324,7 +327,7 @@ def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: 
 
     worst = calibration.get("allocator_reserve_worst", calibration["allocator_reserve"])
     return CardVerdict(card_gb, True, fits_in_card(context, worst), largest(calibration["allocator_reserve"]), estimate,
-                       safe_context=largest(worst))
+                       safe_context=largest(worst), unfragmented_context=largest(0.0))
 
 
 def estimate_chunk(estimate: MemoryEstimate) -> int | None:

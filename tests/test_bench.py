@@ -338,6 +338,16 @@ def test_what_notebook_09_and_the_readme_say_about_128k_on_an_8_gb_card_is_what_
     plain, tuned = ({p["context"]: p for p in recorded[name]["prefill"]}[131072] for name in ("plain", "tuned"))
     assert plain["peak_reserved_bytes"] > 2 * plain["peak_bytes"]  # "far more than its tensors needed"
     assert tuned["tokens_per_s"] < plain["tokens_per_s"]  # "memory for time"
+    assert recorded["tuned-128k-8gb-nudged"]["identity"]["told_apart"]  # the control beside the identity
+
+
+def test_what_notebook_09_says_about_expandable_segments_on_an_8_gb_card_is_what_the_newest_records_say():
+    # "it reached further on the 8 GB card"; "the tuned path ... has nothing to fragment" (it reached the limit)
+    reached = records.largest_contexts()[8]
+    chunks = f"chunks of {bench.DEFAULT_CHUNK:,}"
+    plain, expandable = reached[f"plain, {chunks}"][0], reached[f"plain, {chunks}, expandable_segments:True"][0]
+    assert expandable > plain
+    assert reached[f"tuned, {chunks}"][1] and reached[f"tuned, {chunks}, expandable_segments:True"][1]
 
 
 def rounding_runner(directory, noise: float):

@@ -19,6 +19,8 @@ CHUNKED = [(r, p) for r in RECORDS if r.get("preset") == "long-context" and r["c
            for p in r.get("prefill", []) if "peak_bytes" in p]
 CHUNKED_CARDS = [r for r in RECORDS if r.get("preset") in ("long-context-8gb", "long-context-cards") and r.get("max_context")
                  and not r["configuration"].get("allocator")]  # the planner's reserve was measured with the default allocator
+EXPANDABLE = [r for r in RECORDS if r.get("preset") == "long-context-8gb" and r.get("max_context")
+              and r["configuration"].get("allocator") == "expandable_segments:True"]
 
 
 def label(record, point=None):
@@ -262,10 +264,28 @@ def test_the_planner_predicts_the_plain_and_the_tuned_chunked_prefill_within_10_
     assert estimate.peak_bytes == pytest.approx(point["peak_bytes"], rel=0.10), str(estimate)
 
 
-@pytest.mark.parametrize("record", CHUNKED_CARDS, ids=lambda r: r["configuration"]["name"])
-def test_the_planner_never_promises_a_chunked_context_a_card_did_not_reach_and_expects_it_within_12_percent(record):
+def chunked_verdict(record):
     c = record["configuration"]
-    verdict = planner.fits(c["model"], c["card_gb"], c["quant"], c["ple"], record["max_context"],
-                           prefill_chunk=c["prefill_chunk"], path=c["path"], calibration=CALIBRATION)
-    assert verdict.safe_context <= record["max_context"] + 512  # the bisection's resolution
-    assert verdict.max_context == pytest.approx(record["max_context"], rel=0.12)
+    return planner.fits(c["model"], c["card_gb"], c["quant"], c["ple"], record["max_context"],
+                        prefill_chunk=c["prefill_chunk"], path=c["path"], calibration=CALIBRATION)
+
+
+@pytest.mark.parametrize("record", CHUNKED_CARDS, ids=lambda r: r["configuration"]["name"])
+def test_the_planner_brackets_a_chunked_context_between_its_safe_and_its_unfragmented_figure(record):
+    # the plain path's reach moves between runs with fragmentation (on 8 GB two runs fell 10% and 13% short of
+    # the median-margin figure): what holds is the bracket, worst margin below, no margin above
+    verdict = chunked_verdict(record)
+    assert verdict.safe_context <= record["max_context"] + 512 <= verdict.unfragmented_context + 1024  # 2 x resolution
+    if record["configuration"]["path"] == "tuned":  # no growing history to fragment: the median margin holds
+        assert verdict.max_context == pytest.approx(record["max_context"], rel=0.12)
+
+
+@pytest.mark.parametrize("record", EXPANDABLE, ids=lambda r: r["configuration"]["name"])
+def test_expandable_segments_reach_the_context_the_planner_expects_with_no_fragmentation_within_5_percent(record):
+    verdict = chunked_verdict(record)
+    assert record["max_context"] == pytest.approx(verdict.unfragmented_context, rel=0.05)
+    assert record["max_context"] > verdict.max_context or record["max_context"] == record["max_context_limit"]
+
+
+def test_the_expandable_records_include_the_plain_path_where_fragmentation_costs_context():
+    assert {r["configuration"]["path"] for r in EXPANDABLE} == {"plain", "tuned"}

@@ -160,3 +160,33 @@ def test_split_host_refuses_what_is_not_a_route_record_in_one_sentence():
 
     with pytest.raises(InvalidChoiceError, match="is not a route record"):
         split_host(None)
+
+
+def test_the_determinism_verdict_claims_whole_runs_agree_only_when_every_recorded_run_did():
+    tool = _tool("render_results")
+    agreeing = {"command": "probe", "gpu": "G", "date": "d", "model": "m", "new_tokens": 256, "settings": "s",
+                "gpu_run_to_run": [{"first_differing_step": None}] * 2, "cpu_vs_gpu_placement": {"first_differing_step": None},
+                "cudnn_attention_run_to_run": {"first_differing_step": 241, "max_abs_diff_there": 0.0742}}
+    text = tool.render_determinism(agreeing)
+    assert "over all 256 steps" in text and "step 241 (max |diff| 0.0742 there)" in text
+    drifting = {**agreeing, "gpu_run_to_run": [{"first_differing_step": None}, {"first_differing_step": 225}]}
+    text = tool.render_determinism(drifting)
+    assert "over all 256 steps" not in text and "where each agrees with itself" in text
+
+
+@pytest.mark.parametrize("within", [True, False])
+def test_inductors_speed_is_shown_without_a_correctness_claim_only_when_it_left_the_rounding_bound(within, monkeypatch):
+    from helpers import records
+
+    tool = _tool("render_results")
+    rounding = {"within_rounding": within, "tokens_part_at": 17, "max_abs_diff": 0.16, "reference_std": 1.0,
+                "compared_steps": 18}
+    run = {"generate-static": {"decode_tokens_per_s": 10.0, "command": "bench"},
+           "reduce-overhead": {"decode_tokens_per_s": 90.0, "identity": {
+               "compared": True, "first_difference": 1, "identical": False, "steps": 256, "rounding": rounding,
+               "rounding_control_caught": True}}}
+    monkeypatch.setattr(records, "preset_records", lambda preset, *a, **k: run if preset == "decode-speed-inductor" else {})
+    text = "\n".join(tool.render_inductor())
+    assert "| reduce-overhead | 90.0 | 9.00 | differ from step 1; " + ("within" if within else "further than") in text
+    assert ("without a correctness claim" in text) is not within
+    assert text.count("|") % 5 == 0  # no stray pipe inside a cell

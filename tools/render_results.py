@@ -167,7 +167,10 @@ def placement_verdict(gpu: dict, cpu: dict) -> str:
 def render_determinism(record: dict) -> str:
     """The determinism probe's record, older ones (no settings, cuDNN's attention allowed) too."""
     def at(result) -> str:
-        return "never" if result["first_differing_step"] is None else f"step {result['first_differing_step']}"
+        if result["first_differing_step"] is None:
+            return "never"
+        size = result.get("max_abs_diff_there")
+        return f"step {result['first_differing_step']}" + (f" (max |diff| {size:.3g} there)" if size is not None else "")
 
     settings = record.get("settings", "CUBLAS_WORKSPACE_CONFIG=:4096:8, cuDNN's attention allowed")
     found = [f"the same {record['model']} NF4 model, PLE on GPU, run again in the same process first differs: "
@@ -177,9 +180,17 @@ def render_determinism(record: dict) -> str:
     if "cudnn_attention_run_to_run" in record:
         found.append(f"with cuDNN's attention allowed again, two runs first differ: {at(record['cudnn_attention_run_to_run'])}")
     found.append(f"PLE on CPU against PLE on GPU first differs: {at(record['cpu_vs_gpu_placement'])}")
+    if "cpu_after_a_long_prefill_run_to_run" in record:
+        found.append("PLE on CPU after an 8,500-token prefill, against before it and run to run: "
+                     f"{at(record['cpu_after_a_long_prefill_vs_before'])}, {at(record['cpu_after_a_long_prefill_run_to_run'])}")
+    checked = [record["cpu_vs_gpu_placement"], *record["gpu_run_to_run"]]
+    verdict = (f"Under these settings every run agreed with itself and the placements with each other over all "
+               f"{record['new_tokens']} steps; the comparisons still count only the steps where each run agrees with "
+               "itself, so a GPU or a library that repeats itself less cannot turn noise into a false difference."
+               if all(r["first_differing_step"] is None for r in checked)
+               else "Identity between placements is therefore checked over the steps where each agrees with itself.")
     return (f"**Is the GPU bit-reproducible?** `{record['command']}` on {record['gpu']}, {record['date']} ({settings}): "
-            + "; ".join(found) + ". Identity between placements is therefore checked over the steps where each agrees "
-            "with itself.")
+            + "; ".join(found) + ". " + verdict)
 
 
 def _peak_at(record, context):
@@ -330,6 +341,7 @@ def render_issue15() -> str:
             lines.append(f"| {card:g} GB | " + " | ".join(row) + " |")
         lines += ["", "Recorded by `python -m helpers.bench cards`, `long-context-8gb` and `long-context-cards`. The seed "
                   "issue's 16 GB card ran out of memory at an 8,500-token prefill (PLE on the GPU, modules kept in bf16)."]
+        lines += render_fragmentation(reached)
     speed = records.preset_records("decode-speed")
     lines += ["", "**Decoding speed** (E4B-shaped, NF4, PLE on the CPU, batch 1, 256 tokens after a 32-token prompt):", ""]
     if not speed:
@@ -362,7 +374,60 @@ def render_issue15() -> str:
                   "of the bandwidth limit. Beside it, " + "; ".join(
                       f"{row['route']} on an {row['gpu']}: about {row['decode_tokens_per_s']} tokens/s" for row in cited["rows"])
                   + f" ({cited['source']})."]
-    return "\n".join(lines + render_decode_elsewhere())
+    return "\n".join(lines + render_inductor() + render_decode_elsewhere())
+
+
+def render_fragmentation(reached: dict) -> list:
+    """What the allocator setting was worth to the plain path, against the planner's figures for that card."""
+    from helpers import bench, planner
+
+    sentences = []
+    for card, by_way in reached.items():
+        default = by_way.get(f"plain, chunks of {bench.DEFAULT_CHUNK:,}")
+        expandable = by_way.get(f"plain, chunks of {bench.DEFAULT_CHUNK:,}, expandable_segments:True")
+        if not (default and expandable and default[0] and expandable[0]):
+            continue
+        verdict = planner.fits("e4b-shape", card, "nf4", "cpu", default[0], prefill_chunk=bench.DEFAULT_CHUNK, path="plain")
+        sentences.append(
+            f"On the {card:g} GB card, `PYTORCH_ALLOC_CONF=expandable_segments:True` took the plain path from {default[0]:,} "
+            f"to {expandable[0]:,} tokens ({expandable[0] / default[0]:.2f}x, the same run): every chunk's `torch.cat` of "
+            "the growing history asks for a larger block, and the default allocator cannot join the freed ones. The "
+            f"planner brackets both: {verdict.safe_context:,} tokens with the largest fragmentation margin it measured, "
+            f"{verdict.unfragmented_context:,} with none. The tuned path reached the model's limit either way: its static "
+            "cache is allocated once.")
+    return ["", *sentences] if sentences else []
+
+
+def render_inductor() -> list:
+    """Inductor's fused kernels in CUDA graphs, against generate with a static cache of the same run."""
+    from helpers import bench, records
+
+    run = records.preset_records("decode-speed-inductor")
+    reference = run.get("generate-static", {}).get("decode_tokens_per_s")
+    if not run or not reference:
+        return ["", "Inductor (`torch.compile(mode=\"reduce-overhead\")`): not yet measured (`make bench "
+                "PRESET=decode-speed-inductor`)."]
+    lines = ["", "**Inductor**, `torch.compile(mode=\"reduce-overhead\")`: fused kernels in CUDA graphs, which round "
+             "differently, so they are held to rounding rather than identity (x: against generate with a static cache "
+             "of the same run):", "", "| mode | tokens/s | x generate-static | logits vs generate-static |", "|---|---|---|---|"]
+    for name, record in run.items():
+        rate, check = record.get("decode_tokens_per_s"), record.get("identity") or {}
+        if not check.get("compared"):
+            verdict = "-" if not check else "not compared"
+        elif check.get("rounding"):
+            verdict = f"differ from step {check['first_difference']}; {bench.rounding_sentence(check)}"
+        else:
+            verdict = ("identical" if check["identical"] else f"differ from step {check['first_difference']}") + \
+                f" over {check['steps']} steps"
+        lines.append(f"| {name} | {rate or record.get('crashed') or '-'} | "
+                     f"{f'{rate / reference:.2f}' if rate else '-'} | {verdict} |")
+    lines += ["", f"Recorded by `{next(iter(run.values()))['command']}`."]
+    fused = run.get("reduce-overhead", {}).get("identity", {}).get("rounding")
+    if fused and not fused["within_rounding"]:
+        lines += ["", "Inductor's logits moved further from the eager kernels' than the course's rounding bound allows "
+                  "before the greedy tokens parted, so its speed is shown without a correctness claim; the CUDA-graph "
+                  "step above replays the eager kernels and is the one with identical logits."]
+    return lines
 
 
 def render_decode_elsewhere() -> list:
