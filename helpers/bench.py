@@ -307,9 +307,11 @@ def rounding_sentence(check: dict) -> str:
     parted = ("the greedy tokens never part" if rounding["tokens_part_at"] is None
               else f"the greedy tokens part at step {rounding['tokens_part_at']}")
     control = "caught" if check.get("rounding_control_caught") else "NOT caught"
-    return (f"{verdict}: largest difference {rounding['max_abs_diff']:.3g} against a bound of {ROUNDING_BOUND} x the "
-            f"reference's spread {rounding['reference_std']:.2f}, over the {rounding['compared_steps']} steps until "
-            f"{parted}; the control, the reference one step late as a cache one position off would give: {control}")
+    typical = f" (root mean square {rounding['rms_diff']:.3g})" if "rms_diff" in rounding else ""
+    return (f"{verdict}: largest difference {rounding['max_abs_diff']:.3g}{typical} against a bound of "
+            f"{rounding.get('bound', ROUNDING_BOUND)} x the reference's spread {rounding['reference_std']:.2f}, over the "
+            f"{rounding['compared_steps']} steps until {parted}; the control, the reference one step late as a cache "
+            f"one position off would give: {control}")
 
 
 def identity_failures(records: list) -> list:
@@ -328,7 +330,7 @@ def identity_failures(records: list) -> list:
             if not rounding["within_rounding"]:
                 failures.append(f"{name} is further from {check['reference']} than rounding: max |diff| "
                                 f"{rounding['max_abs_diff']:.3g} over the {rounding['compared_steps']} steps before their "
-                                f"tokens part, against a bound of {ROUNDING_BOUND} x the reference's spread "
+                                f"tokens part, against a bound of {rounding['bound']} x the reference's spread "
                                 f"{rounding['reference_std']:.3g}")
             if not check["rounding_control_caught"]:
                 failures.append(f"{check['reference']}'s logits one step late are within rounding of themselves: "

@@ -382,5 +382,6 @@ def test_the_rounding_check_stops_where_the_greedy_tokens_part_and_still_checks_
     result = measure.compare_rounding(reference, parted)
     assert (result["tokens_part_at"], result["compared_steps"], result["max_abs_diff"]) == (2, 3, 1.0)
     assert result["within_rounding"]  # 1.0 < 0.1 x the spread (about 36); the flipped steps are not held against it
+    assert result["rms_diff"] == pytest.approx(1.0 / 12 ** 0.5) and result["bound"] == measure.ROUNDING_BOUND
     parted[2, 2] += 5.0  # the step where they part is still one input both shared: a large jump there is a fault
     assert not measure.compare_rounding(reference, parted)["within_rounding"]
