@@ -391,7 +391,8 @@ def render_fragmentation(reached: dict) -> list:
         sentences.append(
             f"On the {card:g} GB card, `PYTORCH_ALLOC_CONF=expandable_segments:True` took the plain path from {default[0]:,} "
             f"to {expandable[0]:,} tokens ({expandable[0] / default[0]:.2f}x, the same run): every chunk's `torch.cat` of "
-            "the growing history asks for a larger block, and the default allocator cannot join the freed ones. The "
+            "the growing history asks for a larger block, and the default allocator cannot join freed blocks that lie in "
+            "separate segments. The "
             f"planner brackets both: {verdict.safe_context:,} tokens with the largest fragmentation margin it measured, "
             f"{verdict.unfragmented_context:,} with none. The tuned path reached the model's limit either way: its static "
             "cache is allocated once.")
