@@ -307,11 +307,17 @@ def rounding_sentence(check: dict) -> str:
     parted = ("the greedy tokens never part" if rounding["tokens_part_at"] is None
               else f"the greedy tokens part at step {rounding['tokens_part_at']}")
     control = "caught" if check.get("rounding_control_caught") else "NOT caught"
-    typical = f" (root mean square {rounding['rms_diff']:.3g})" if "rms_diff" in rounding else ""
-    return (f"{verdict}: largest difference {rounding['max_abs_diff']:.3g}{typical} against a bound of "
-            f"{rounding.get('bound', ROUNDING_BOUND)} x the reference's spread {rounding['reference_std']:.2f}, over the "
-            f"{rounding['compared_steps']} steps until {parted}; the control, the reference one step late as a cache "
-            f"one position off would give: {control}")
+    return (f"{verdict}: {judged_difference(rounding)} against a bound of {rounding.get('bound', ROUNDING_BOUND)} x "
+            f"the reference's spread {rounding['reference_std']:.2f}, over the {rounding['compared_steps']} steps until "
+            f"{parted}; the control, the reference one step late as a cache one position off would give: {control}")
+
+
+def judged_difference(rounding: dict) -> str:
+    """The difference a rounding verdict was judged on, named; a record made before the rule changed to the root
+    mean square (no ``statistic``) was judged on the largest."""
+    if rounding.get("statistic") == "rms":
+        return f"root mean square difference {rounding['rms_diff']:.3g} (largest {rounding['max_abs_diff']:.3g})"
+    return f"largest difference {rounding['max_abs_diff']:.3g}"
 
 
 def identity_failures(records: list) -> list:
@@ -328,8 +334,8 @@ def identity_failures(records: list) -> list:
             failures.append(f"control {name} gave the same logits as {check['reference']}: the comparison proves nothing")
         elif rounding is not None:
             if not rounding["within_rounding"]:
-                failures.append(f"{name} is further from {check['reference']} than rounding: max |diff| "
-                                f"{rounding['max_abs_diff']:.3g} over the {rounding['compared_steps']} steps before their "
+                failures.append(f"{name} is further from {check['reference']} than rounding: {judged_difference(rounding)}"
+                                f" over the {rounding['compared_steps']} steps before their "
                                 f"tokens part, against a bound of {rounding['bound']} x the reference's spread "
                                 f"{rounding['reference_std']:.3g}")
             if not check["rounding_control_caught"]:

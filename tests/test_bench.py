@@ -368,7 +368,7 @@ def test_inductors_fused_kernels_are_held_to_rounding_not_identity_and_a_larger_
     assert not fused["identical"] and fused["rounding"]["within_rounding"] and fused["rounding_control_caught"]
     assert fused["rounding"]["tokens_part_at"] is None and fused["rounding"]["compared_steps"] == fused["steps"] == 6
     assert bench.identity_failures(records) == []
-    assert any("within rounding" in line and "never part" in line for line in bench.summary_lines(records))
+    assert any("within rounding: root mean square" in line and "never part" in line for line in bench.summary_lines(records))
     records, _ = bench.run_preset("decode-speed-inductor", runner=rounding_runner(tmp_path, 3.0), directory=tmp_path / "b")
     assert [f for f in bench.identity_failures(records) if f.startswith("reduce-overhead is further from generate-static")]
 
@@ -383,5 +383,14 @@ def test_the_rounding_check_stops_where_the_greedy_tokens_part_and_still_checks_
     assert (result["tokens_part_at"], result["compared_steps"], result["max_abs_diff"]) == (2, 3, 1.0)
     assert result["within_rounding"]  # 1.0 < 0.1 x the spread (about 36); the flipped steps are not held against it
     assert result["rms_diff"] == pytest.approx(1.0 / 12 ** 0.5) and result["bound"] == measure.ROUNDING_BOUND
-    parted[2, 2] += 5.0  # the step where they part is still one input both shared: a large jump there is a fault
+    parted[2] += 20.0  # the step where they part is still one input both shared: a large shift there is a fault
     assert not measure.compare_rounding(reference, parted)["within_rounding"]
+
+
+def test_a_rounding_verdict_names_the_statistic_it_was_judged_on_and_an_old_record_keeps_its_own():
+    rounding = {"rms_diff": 0.03, "max_abs_diff": 0.162, "reference_std": 1.0, "compared_steps": 18, "tokens_part_at": 17,
+                "within_rounding": True, "bound": 0.1}
+    check = {"rounding": rounding, "rounding_control_caught": True}
+    assert "largest difference 0.162 against" in bench.rounding_sentence(check)  # recorded before the rule changed
+    rounding["statistic"] = "rms"
+    assert "root mean square difference 0.03 (largest 0.162) against" in bench.rounding_sentence(check)

@@ -425,9 +425,12 @@ def render_inductor() -> list:
     lines += ["", f"Recorded by `{next(iter(run.values()))['command']}`."]
     fused = run.get("reduce-overhead", {}).get("identity", {}).get("rounding")
     if fused and not fused["within_rounding"]:
+        rule = ("" if fused.get("statistic") == "rms" else
+                " (judged on the largest difference, the rule when this ran; the course now judges the root mean "
+                "square difference, which this record does not have: the next run of the preset decides)")
         lines += ["", "Inductor's logits moved further from the eager kernels' than the course's rounding bound allows "
-                  "before the greedy tokens parted, so its speed is shown without a correctness claim; the CUDA-graph "
-                  "step above replays the eager kernels and is the one with identical logits."]
+                  f"before the greedy tokens parted{rule}, so its speed is shown without a correctness claim; the "
+                  "CUDA-graph step above replays the eager kernels and is the one with identical logits."]
     return lines
 
 
