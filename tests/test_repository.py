@@ -189,4 +189,5 @@ def test_inductors_speed_is_shown_without_a_correctness_claim_only_when_it_left_
     text = "\n".join(tool.render_inductor())
     assert "| reduce-overhead | 90.0 | 9.00 | differ from step 1; " + ("within" if within else "further than") in text
     assert ("without a correctness claim" in text) is not within
+    assert ("still parted at step 17" in text) is within
     assert text.count("|") % 5 == 0  # no stray pipe inside a cell

@@ -431,6 +431,12 @@ def render_inductor() -> list:
         lines += ["", "Inductor's logits moved further from the eager kernels' than the course's rounding bound allows "
                   f"before the greedy tokens parted{rule}, so its speed is shown without a correctness claim; the "
                   "CUDA-graph step above replays the eager kernels and is the one with identical logits."]
+    elif fused:
+        lines += ["", "Inductor stayed within the rounding bound while both runs fed the model the same tokens, and its "
+                  f"greedy tokens still parted at step {fused['tokens_part_at']}: where two top logits lie closer than "
+                  "the rounding, the fused kernels pick the other token and the runs write different continuations. "
+                  "The course's identical-logits claim rests on the CUDA-graph step above, which replays the eager "
+                  "kernels."]
     return lines
 
 
