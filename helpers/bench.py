@@ -175,6 +175,7 @@ def presets() -> dict:
         # the same settings with the PLE on the GPU and under an 8 GB cap, and on E2B
         "decode-speed-more": [_decode(ple="gpu", name="e4b-gpu-generate", decode="generate"),
                               _decode(ple="gpu", name="e4b-gpu-cudagraphs", decode="cudagraphs"),
+                              _decode(name="e4b-cpu-generate-8gb", decode="generate", card_gb=8),
                               _decode(name="e4b-cpu-cudagraphs-8gb", decode="cudagraphs", card_gb=8)],
         "decode-speed-e2b": [_decode(model="e2b-shape", name="e2b-cpu-generate", decode="generate"),
                              _decode(model="e2b-shape", name="e2b-cpu-cudagraphs", decode="cudagraphs")],
@@ -437,10 +438,19 @@ def _run_configurations(name, configurations, runner, directory, command, jobs) 
     return records, compare(records)
 
 
+def plain_generate_rate(record: dict, records) -> float | None:
+    """Plain ``generate``'s tokens/s among ``records`` (one run) for the same model, PLE placement and card as
+    ``record``: what its speed-up is a ratio of; None where the run has none, or ``record`` is it."""
+    config = record["configuration"]
+    same = ("model", "ple", "card_gb")
+    plain = next((r for r in records if r["configuration"].get("decode") == "generate"
+                  and all(r["configuration"].get(key) == config.get(key) for key in same)), None)
+    return plain.get("decode_tokens_per_s") if plain is not None and plain is not record else None
+
+
 def summary_lines(records: list) -> list:
     """One line per named configuration: what it measured, and its ratio to plain generate where there is one."""
     named = {r["configuration"]["name"]: r for r in records if r["configuration"].get("name")}
-    plain = next((r.get("decode_tokens_per_s") for n, r in named.items() if n.endswith("generate")), None)
     lines = []
     for name, record in named.items():
         parts = [name]
@@ -459,6 +469,7 @@ def summary_lines(records: list) -> list:
         if card and (record.get("peak_generate_reserved_bytes") or 0) > card * 1e9:
             parts.append(f"greedy run reserved {record['peak_generate_reserved_bytes'] / 1e9:.2f} GB: the cap was NOT enforced")
         if record.get("decode_tokens_per_s"):
+            plain = plain_generate_rate(record, named.values())
             ratio = f", {record['decode_tokens_per_s'] / plain:.2f}x plain generate" if plain else ""
             parts.append(f"{record['decode_tokens_per_s']} tokens/s{ratio}, bandwidth limit "
                          f"{record.get('bandwidth_limit_tokens_per_s')} tokens/s")

@@ -394,3 +394,17 @@ def test_a_rounding_verdict_names_the_statistic_it_was_judged_on_and_an_old_reco
     assert "largest difference 0.162 against" in bench.rounding_sentence(check)  # recorded before the rule changed
     rounding["statistic"] = "rms"
     assert "root mean square difference 0.03 (largest 0.162) against" in bench.rounding_sentence(check)
+
+
+def test_a_speed_up_under_a_card_cap_is_a_ratio_of_plain_generate_under_the_same_cap_and_placement():
+    def record(name, decode, rate, ple="cpu", card_gb=None):
+        return {"configuration": {"name": name, "model": "e4b-shape", "ple": ple, "card_gb": card_gb, "decode": decode},
+                "decode_tokens_per_s": rate}
+
+    run = [record("gpu-generate", "generate", 16.0, ple="gpu"), record("generate", "generate", 13.0),
+           record("generate-8gb", "generate", 12.0, card_gb=8), record("cudagraphs-8gb", "cudagraphs", 78.0, card_gb=8),
+           record("gpu-cudagraphs", "cudagraphs", 76.0, ple="gpu"), record("lone-cudagraphs-15gb", "cudagraphs", 1.0, card_gb=15)]
+    rates = {r["configuration"]["name"]: bench.plain_generate_rate(r, run) for r in run}
+    assert rates == {"gpu-generate": None, "generate": None, "generate-8gb": None, "cudagraphs-8gb": 12.0,
+                     "gpu-cudagraphs": 16.0, "lone-cudagraphs-15gb": None}
+    assert any("cudagraphs-8gb; 78.0 tokens/s, 6.50x plain generate" in line for line in bench.summary_lines(run))

@@ -442,26 +442,23 @@ def render_inductor() -> list:
 
 def render_decode_elsewhere() -> list:
     """The tuned decode with the PLE on the GPU, under an 8 GB cap, and on E2B: each ratio against plain generate
-    of the same run and placement, where that run has one."""
-    from helpers import records
+    of the same run, placement and card, where that run has one."""
+    from helpers import bench, records
 
     rows = []
     for preset, model in (("decode-speed-more", "e4b-shape"), ("decode-speed-e2b", "e2b-shape")):
         recorded = records.preset_records(preset, model)
         for name, record in recorded.items():
             config = record["configuration"]
-            plain = next((r for r in recorded.values() if r["configuration"].get("decode") == "generate"
-                          and r["configuration"]["ple"] == config["ple"] and r["configuration"].get("card_gb") is None), None)
-            rate = record.get("decode_tokens_per_s")
-            ratio = (f"{rate / plain['decode_tokens_per_s']:.2f}" if rate and plain and plain is not record
-                     and plain.get("decode_tokens_per_s") else "-")
+            rate, plain = record.get("decode_tokens_per_s"), bench.plain_generate_rate(record, recorded.values())
+            ratio = f"{rate / plain:.2f}" if rate and plain else "-"
             card = f"{config['card_gb']:g} GB" if config.get("card_gb") else "uncapped"
             rows.append(f"| {name} | {model} | {config['ple'].upper()} | {card} | "
                         f"{rate or record.get('crashed') or ('out of memory' if record.get('greedy_oom') else '-')} | {ratio} |")
     if not rows:
         return ["", "With the PLE on the GPU, under an 8 GB cap and on E2B: not yet measured (`make bench "
                 "PRESET=decode-speed-more`, `decode-speed-e2b`)."]
-    return ["", "The same decode elsewhere (x: against plain `generate` of the same run and placement):", "",
+    return ["", "The same decode elsewhere (x: against plain `generate` of the same run, placement and card):", "",
             "| configuration | model | PLE on | card | tokens/s | x plain generate |", "|---|---|---|---|---|---|", *rows,
             "", "Recorded by `python -m helpers.bench decode-speed-more` (and `decode-speed-e2b`)."]
 
