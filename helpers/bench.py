@@ -172,9 +172,11 @@ def presets() -> dict:
                                   _decode(name="loop", decode="loop", reference="generate-static"),
                                   _decode(name="reduce-overhead", decode="reduce-overhead", reference="generate-static",
                                           rounds_differently=True, profile=True)],
-        # the same settings with the PLE on the GPU and under an 8 GB cap, and on E2B
+        # the same settings with the PLE on the GPU and under an 8 GB cap (plain generate both capped and not: what
+        # the cap alone costs), and on E2B
         "decode-speed-more": [_decode(ple="gpu", name="e4b-gpu-generate", decode="generate"),
                               _decode(ple="gpu", name="e4b-gpu-cudagraphs", decode="cudagraphs"),
+                              _decode(name="e4b-cpu-generate", decode="generate"),
                               _decode(name="e4b-cpu-generate-8gb", decode="generate", card_gb=8),
                               _decode(name="e4b-cpu-cudagraphs-8gb", decode="cudagraphs", card_gb=8)],
         "decode-speed-e2b": [_decode(model="e2b-shape", name="e2b-cpu-generate", decode="generate"),
