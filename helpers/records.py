@@ -53,6 +53,19 @@ def speed_record(model: str = "e4b-shape", route: str = "ple-cpu", quant: str = 
     raise FileNotFoundError(f"No speed record for {model} {quant} {route} in {directory}: run `python -m helpers.bench speed` on a GPU.")
 
 
+def decode_rates_over_runs(preset: str, model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
+    """Every recorded decode tokens/s of each named configuration of a preset, oldest first (name -> list):
+    how far a speed moves between runs, where the newest record alone would hide it."""
+    rates: dict = {}
+    for path in sorted(Path(directory).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line) if line.strip() else {}
+            c = record.get("configuration", {})
+            if record.get("preset") == preset and c.get("model") == model and record.get("decode_tokens_per_s"):
+                rates.setdefault(c.get("name") or c["ple"], []).append((record["recorded_at"], record["decode_tokens_per_s"]))
+    return {name: [rate for _, rate in sorted(runs)] for name, runs in rates.items()}
+
+
 def preset_records(preset: str, model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
     """The newest record of each named configuration of a preset for one model (name -> record); {} when the
     preset has not been run (``make bench PRESET=<preset>`` on a GPU)."""

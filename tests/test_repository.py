@@ -191,3 +191,28 @@ def test_inductors_speed_is_shown_without_a_correctness_claim_only_when_it_left_
     assert ("without a correctness claim" in text) is not within
     assert ("still parted at step 17" in text) is within
     assert text.count("|") % 5 == 0  # no stray pipe inside a cell
+
+
+def test_a_decode_speed_that_moved_between_runs_shows_its_range_beside_the_newest_and_the_cap_alone_is_a_same_run_ratio(
+        tmp_path, monkeypatch):
+    from helpers import records
+
+    def line(name, rate, at, card_gb=None, preset="decode-speed-more"):
+        return json.dumps({"preset": preset, "recorded_at": at, "decode_tokens_per_s": rate, "command": "bench",
+                           "configuration": {"name": name, "model": "e4b-shape", "quant": "nf4", "ple": "cpu",
+                                             "card_gb": card_gb, "decode": "generate"}})
+
+    (tmp_path / "e4b-shape.jsonl").write_text("\n".join([
+        line("e4b-cpu-generate-8gb", 13.93, "2026-12-02", 8), line("e4b-cpu-generate-8gb", 8.44, "2026-12-01", 8),
+        line("e4b-cpu-generate", 13.06, "2026-12-02"), line("e4b-cpu-generate", 99.0, "2026-12-03", preset="speed")]) + "\n")
+    assert records.decode_rates_over_runs("decode-speed-more", directory=tmp_path) == {
+        "e4b-cpu-generate-8gb": [8.44, 13.93], "e4b-cpu-generate": [13.06]}
+    real = (records.preset_records, records.decode_rates_over_runs)
+    monkeypatch.setattr(records, "preset_records", lambda preset, model="e4b-shape", directory=None: real[0](
+        preset, model, directory=tmp_path))
+    monkeypatch.setattr(records, "decode_rates_over_runs", lambda preset, model="e4b-shape": real[1](
+        preset, model, directory=tmp_path))
+    text = "\n".join(_tool("render_results").render_decode_elsewhere())
+    assert "| e4b-cpu-generate-8gb | e4b-shape | CPU | 8 GB | 13.93 | - | 8.44-13.93 (2 runs) |" in text
+    assert "| e4b-cpu-generate | e4b-shape | CPU | uncapped | 13.06 | - | one run |" in text
+    assert "ran 13.93 tokens/s under the 8 GB cap and 13.06 uncapped in the same run (1.07x)" in text

@@ -447,20 +447,30 @@ def render_decode_elsewhere() -> list:
 
     rows = []
     for preset, model in (("decode-speed-more", "e4b-shape"), ("decode-speed-e2b", "e2b-shape")):
-        recorded = records.preset_records(preset, model)
+        recorded, history = records.preset_records(preset, model), records.decode_rates_over_runs(preset, model)
         for name, record in recorded.items():
             config = record["configuration"]
             rate, plain = record.get("decode_tokens_per_s"), bench.plain_generate_rate(record, recorded.values())
             ratio = f"{rate / plain:.2f}" if rate and plain else "-"
             card = f"{config['card_gb']:g} GB" if config.get("card_gb") else "uncapped"
+            runs = history.get(name, [])
+            spread = f"{min(runs)}-{max(runs)} ({len(runs)} runs)" if len(runs) > 1 else "one run"
             rows.append(f"| {name} | {model} | {config['ple'].upper()} | {card} | "
-                        f"{rate or record.get('crashed') or ('out of memory' if record.get('greedy_oom') else '-')} | {ratio} |")
+                        f"{rate or record.get('crashed') or ('out of memory' if record.get('greedy_oom') else '-')} | "
+                        f"{ratio} | {spread} |")
+    more = records.preset_records("decode-speed-more")
+    capped, uncapped = (more.get(name, {}).get("decode_tokens_per_s") for name in ("e4b-cpu-generate-8gb", "e4b-cpu-generate"))
+    cap_sentence = ["", f"What the cap alone costs: plain `generate` (PLE on the CPU) ran {capped} tokens/s under the "
+                    f"8 GB cap and {uncapped} uncapped in the same run ({capped / uncapped:.2f}x)."] if capped and uncapped else []
     if not rows:
         return ["", "With the PLE on the GPU, under an 8 GB cap and on E2B: not yet measured (`make bench "
                 "PRESET=decode-speed-more`, `decode-speed-e2b`)."]
-    return ["", "The same decode elsewhere (x: against plain `generate` of the same run, placement and card):", "",
-            "| configuration | model | PLE on | card | tokens/s | x plain generate |", "|---|---|---|---|---|---|", *rows,
-            "", "Recorded by `python -m helpers.bench decode-speed-more` (and `decode-speed-e2b`)."]
+    return ["", "The same decode elsewhere (x: against plain `generate` of the same run, placement and card; the last "
+            "column: the lowest and highest tokens/s over every recorded run of that configuration, other machines "
+            "and days, which is why ratios are taken within one run):", "",
+            "| configuration | model | PLE on | card | tokens/s | x plain generate | tokens/s over recorded runs |",
+            "|---|---|---|---|---|---|---|", *rows,
+            "", "Recorded by `python -m helpers.bench decode-speed-more` (and `decode-speed-e2b`).", *cap_sentence]
 
 
 def render_gpu_run(run: dict) -> str:
