@@ -461,7 +461,8 @@ def render_decode_elsewhere() -> list:
     more = records.preset_records("decode-speed-more")
     capped, uncapped = (more.get(name, {}).get("decode_tokens_per_s") for name in ("e4b-cpu-generate-8gb", "e4b-cpu-generate"))
     cap_sentence = ["", f"What the cap alone costs: plain `generate` (PLE on the CPU) ran {capped} tokens/s under the "
-                    f"8 GB cap and {uncapped} uncapped in the same run (capped / uncapped {capped / uncapped:.2f})."] if capped and uncapped else []
+                    f"8 GB cap and {uncapped} uncapped in the same run (capped / uncapped {capped / uncapped:.2f})."
+                    ] if capped and uncapped else []
     if not rows:
         return ["", "With the PLE on the GPU, under an 8 GB cap and on E2B: not yet measured (`make bench "
                 "PRESET=decode-speed-more`, `decode-speed-e2b`)."]
