@@ -6,7 +6,7 @@ in one process: plain ``generate(prefill_chunk_size=...)``, the tuned path as it
 prints prefill seconds, peaks, and whether each run's logits equal the others' over the decoded steps, beside a
 control (the trimmed run with one position too few kept) that must differ.
 
-    python tools/static_cache_trim_probe.py e4b-shape 131072 8 > trim.json
+    python tools/static_cache_trim_probe.py e4b-shape 131072 8 > data/gpu-tier/static-cache-trim-e4b-shape.json
 """
 
 import json
