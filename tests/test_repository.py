@@ -216,3 +216,10 @@ def test_a_decode_speed_that_moved_between_runs_shows_its_range_beside_the_newes
     assert "| e4b-cpu-generate-8gb | e4b-shape | CPU | 8 GB | 13.93 | - | 8.44-13.93 (2 runs) |" in text
     assert "| e4b-cpu-generate | e4b-shape | CPU | uncapped | 13.06 | - | one run |" in text
     assert "ran 13.93 tokens/s under the 8 GB cap and 13.06 uncapped in the same run (capped / uncapped 1.07)" in text
+
+
+def test_the_static_cache_trim_probe_equals_plain_chunked_prefill_and_tells_a_cache_one_position_short_apart(tiny_path):
+    results = _tool("static_cache_trim_probe").main("tiny", 4096, 8)  # two chunks of 2,048: the cut is taken
+    assert results["tuned-trimmed vs plain"]["identical"] and results["tuned-trimmed vs tuned-trimmed-again"]["identical"]
+    assert not results["control-one-short vs tuned-trimmed"]["identical"]
+    assert results["tuned-trimmed"]["distinct_tokens"] > 1  # what is compared varies
