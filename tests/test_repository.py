@@ -223,3 +223,22 @@ def test_the_static_cache_trim_probe_equals_plain_chunked_prefill_and_tells_a_ca
     assert results["tuned-trimmed vs plain"]["identical"] and results["tuned-trimmed vs tuned-trimmed-again"]["identical"]
     assert not results["control-one-short vs tuned-trimmed"]["identical"]
     assert results["tuned-trimmed"]["distinct_tokens"] > 1  # what is compared varies
+
+
+@pytest.mark.parametrize("control_told_apart", [True, False])
+def test_the_trim_probes_paragraph_says_what_each_comparison_found_and_never_calls_an_uncaught_control_caught(
+        control_told_apart):
+    def check(identical, diff=0.0):
+        return {"identical": identical, "max_abs_diff": diff}
+
+    run = {"seconds": 10.0, "peak_gb": 7.5, "reserved_gb": 20.0, "distinct_tokens": 8}
+    record = {"prompt_tokens": 131065, "new_tokens": 8, "device": "GPU", "plain": run, "tuned": {**run, "seconds": 15.0,
+              "peak_gb": 7.0, "reserved_gb": 8.0}, "tuned-trimmed": run, "tuned-trimmed-again": run, "control-one-short": run,
+              "tuned-trimmed vs plain": check(True), "tuned vs plain": check(False, 0.1),
+              "tuned-trimmed vs tuned-trimmed-again": check(True), "tuned-trimmed vs tuned": check(False, 0.1),
+              "control-one-short vs tuned-trimmed": check(not control_told_apart, 0.2 if control_told_apart else 0.0)}
+    text = _tool("render_results").render_trim_probe("e4b-shape", record)
+    assert "`python tools/static_cache_trim_probe.py e4b-shape 131072 8`" in text
+    assert "cut against plain `generate`, identical; the tuned path as it is against plain, differ (max |diff| 0.1)" in text
+    assert ("cut one position short, differ (max |diff| 0.2)" in text) is control_told_apart
+    assert "1.50x as fast" in text and "0.50 GB more peak allocated" in text

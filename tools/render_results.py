@@ -193,6 +193,40 @@ def render_determinism(record: dict) -> str:
             + "; ".join(found) + ". " + verdict)
 
 
+TRIM_PROBE = "static-cache-trim-"  # data/gpu-tier/static-cache-trim-<model>.json: tools/static_cache_trim_probe.py
+
+
+def render_trim_probe(model: str, record: dict) -> str:
+    """The static cache cut to the written positions, against plain and the tuned path as it is (a probe)."""
+    runs = [name for name in ("plain", "tuned", "tuned-trimmed", "tuned-trimmed-again", "control-one-short") if name in record]
+    positions = record["prompt_tokens"] + record["new_tokens"] - 1
+    command = record.get("command", f"python tools/static_cache_trim_probe.py {model} {positions} {record['new_tokens']}")
+    lines = [f"**A probe: the static cache cut to the written positions** (`{command}` on {record['device']}"
+             + (f", {record['date']}" if record.get("date") else "") + f"; one process, uncapped, a {record['prompt_tokens']:,}-"
+             f"token prompt and {record['new_tokens']} tokens decoded; not part of the tuned path). The tuned path's "
+             "full-attention layers attend over the whole preallocated cache at every prefill chunk, unwritten positions "
+             "only masked; cut, they attend over what is written:", "",
+             "| run | seconds, prefill and decode | peak allocated | peak reserved |", "|---|---|---|---|"]
+    lines += [f"| {name} | {record[name]['seconds']} | {record[name].get('peak_gb', '-')} | {record[name].get('reserved_gb', '-')} |"
+              for name in runs]
+
+    def verdict(a, b):
+        check = record[f"{a} vs {b}"]
+        return "identical" if check["identical"] else f"differ (max |diff| {check['max_abs_diff']:.3g})"
+
+    cut, whole = record["tuned-trimmed"], record["tuned"]
+    lines += ["", f"Logits over the decoded steps: cut against plain `generate`, {verdict('tuned-trimmed', 'plain')}; "
+              f"the tuned path as it is against plain, {verdict('tuned', 'plain')}; cut, run again, "
+              f"{verdict('tuned-trimmed', 'tuned-trimmed-again')}; the control, cut one position short, "
+              f"{verdict('control-one-short', 'tuned-trimmed')}. Cut, it ran {whole['seconds'] / cut['seconds']:.2f}x as fast as the "
+              f"tuned path as it is ({cut['seconds']} s against {whole['seconds']})"
+              + (f", at {cut['peak_gb'] - whole['peak_gb']:.2f} GB more peak allocated and {cut['reserved_gb']} GB reserved "
+                 f"against {whole['reserved_gb']}" if "peak_gb" in cut else "")
+              + "; the probe does not run under a card's cap, so whether the cut still fits 131,072 positions on an 8 GB "
+              "card is not measured here, and the tuned path stays as it is."]
+    return "\n".join(lines)
+
+
 def _peak_at(record, context):
     point = next((p for p in record.get("prefill", []) if p["context"] == context), None)
     if point is None:
@@ -514,6 +548,8 @@ def render() -> str:
             blocks.append(render_release_probe(json.loads(path.read_text())))
         elif path.stem.startswith("determinism-"):
             blocks.append(render_determinism(json.loads(path.read_text())))
+        elif path.stem.startswith(TRIM_PROBE):
+            blocks.append(render_trim_probe(path.stem.removeprefix(TRIM_PROBE), json.loads(path.read_text())))
         else:
             blocks.append(render_record_set(path.stem, json.loads(path.read_text())))
     body = "\n\n".join(blocks) if blocks else "_No GPU records yet: run `GPU_RECORD=1 make test-gpu` on a GPU._"

@@ -9,6 +9,7 @@ control (the trimmed run with one position too few kept) that must differ.
     python tools/static_cache_trim_probe.py e4b-shape 131072 8 > data/gpu-tier/static-cache-trim-e4b-shape.json
 """
 
+import datetime
 import json
 import sys
 import time
@@ -64,7 +65,9 @@ def main(model_name: str, positions: int, new_tokens: int) -> dict:
                                device=device.index if device.type == "cuda" else "cpu")
     ids = measure.prompt_ids(tokenizer, long_context.longest_prompt(positions, new_tokens), device)
     tuned, plain = long_context.LongContext(), long_context.LongContext.plain()
-    results = {"prompt_tokens": ids.shape[1], "new_tokens": new_tokens, "kernels": SETTINGS,
+    results = {"command": f"python tools/static_cache_trim_probe.py {model_name} {positions} {new_tokens}",
+               "model": model_name, "date": datetime.date.today().isoformat(),
+               "prompt_tokens": ids.shape[1], "new_tokens": new_tokens, "kernels": SETTINGS,
                "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
     logits = {}
     for name, settings, function in (("plain", plain, None), ("tuned", tuned, None), ("tuned-trimmed", tuned, trimmed()),
