@@ -443,6 +443,8 @@ def _run_configurations(name, configurations, runner, directory, command, jobs) 
 def plain_generate_rate(record: dict, records) -> float | None:
     """Plain ``generate``'s tokens/s among ``records`` (one run) for the same model, PLE placement and card as
     ``record``: what its speed-up is a ratio of; None where the run has none, or ``record`` is it."""
+    if not isinstance(record, dict) or not isinstance(record.get("configuration"), dict):
+        raise InvalidChoiceError(f"record={record!r} is not a benchmark record; pass a dict helpers.bench recorded.")
     config = record["configuration"]
     same = ("model", "ple", "card_gb")
     plain = next((r for r in records if r["configuration"].get("decode") == "generate"

@@ -13,20 +13,24 @@ from .long_context import positions_written
 from .paths import CHAT_DIR, CITED_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR, write_text_atomically
 
 
+def every_record(directory: Path = MEASUREMENTS_DIR, preset: str | None = None):
+    """Every benchmark record, in file order (``preset``: that preset's only)."""
+    for path in sorted(Path(directory).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                if not preset or record.get("preset") == preset:
+                    yield record
+
+
 def latest_records(directory: Path = MEASUREMENTS_DIR, preset: str | None = None) -> list:
     """The newest benchmark record of each configuration (records accumulate; reruns supersede)."""
     newest: dict = {}
-    for path in sorted(Path(directory).glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if preset and record.get("preset") != preset:
-                continue
-            c = record["configuration"]
-            key = (record.get("preset"), c["model"], c["quant"], c["ple"], c.get("route", ""), c["card_gb"], c.get("name", ""))
-            if key not in newest or record["recorded_at"] >= newest[key]["recorded_at"]:
-                newest[key] = record
+    for record in every_record(directory, preset):
+        c = record["configuration"]
+        key = (record.get("preset"), c["model"], c["quant"], c["ple"], c.get("route", ""), c["card_gb"], c.get("name", ""))
+        if key not in newest or record["recorded_at"] >= newest[key]["recorded_at"]:
+            newest[key] = record
     return list(newest.values())
 
 
@@ -57,12 +61,10 @@ def decode_rates_over_runs(preset: str, model: str = "e4b-shape", directory: Pat
     """Every recorded decode tokens/s of each named configuration of a preset, oldest first (name -> list):
     how far a speed moves between runs, where the newest record alone would hide it."""
     rates: dict = {}
-    for path in sorted(Path(directory).glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            record = json.loads(line) if line.strip() else {}
-            c = record.get("configuration", {})
-            if record.get("preset") == preset and c.get("model") == model and record.get("decode_tokens_per_s"):
-                rates.setdefault(c.get("name") or c["ple"], []).append((record["recorded_at"], record["decode_tokens_per_s"]))
+    for record in every_record(directory, preset):
+        c = record["configuration"]
+        if c["model"] == model and record.get("decode_tokens_per_s"):
+            rates.setdefault(c.get("name") or c["ple"], []).append((record["recorded_at"], record["decode_tokens_per_s"]))
     return {name: [rate for _, rate in sorted(runs)] for name, runs in rates.items()}
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import bench, cards, long_context, measure, models, records
-from helpers.errors import CourseError
+from helpers.errors import CourseError, InvalidChoiceError
 from helpers.planner import largest_true
 
 
@@ -408,3 +408,9 @@ def test_a_speed_up_under_a_card_cap_is_a_ratio_of_plain_generate_under_the_same
     assert rates == {"gpu-generate": None, "generate": None, "generate-8gb": None, "cudagraphs-8gb": 12.0,
                      "gpu-cudagraphs": 16.0, "lone-cudagraphs-15gb": None}
     assert any("cudagraphs-8gb; 78.0 tokens/s, 6.50x plain generate" in line for line in bench.summary_lines(run))
+
+
+@pytest.mark.parametrize("record", [None, {"decode_tokens_per_s": 1.0}, {"configuration": "e4b"}])
+def test_a_speed_up_asked_of_something_that_is_not_a_benchmark_record_is_refused_in_one_sentence(record):
+    with pytest.raises(InvalidChoiceError, match="is not a benchmark record; pass a dict helpers.bench recorded"):
+        bench.plain_generate_rate(record, [])

@@ -222,7 +222,7 @@ def render_trim_probe(model: str, record: dict) -> str:
               f"tuned path as it is ({cut['seconds']} s against {whole['seconds']})"
               + (f", at {cut['peak_gb'] - whole['peak_gb']:.2f} GB more peak allocated and {cut['reserved_gb']} GB reserved "
                  f"against {whole['reserved_gb']}" if "peak_gb" in cut else "")
-              + "; the probe does not run under a card's cap, so whether the cut still fits 131,072 positions on an 8 GB "
+              + f"; the probe does not run under a card's cap, so whether the cut still fits {positions:,} positions on an 8 GB "
               "card is not measured here, and the tuned path stays as it is."]
     return "\n".join(lines)
 
@@ -479,9 +479,10 @@ def render_decode_elsewhere() -> list:
     of the same run, placement and card, where that run has one."""
     from helpers import bench, records
 
-    rows = []
+    rows, by_preset = [], {}
     for preset, model in (("decode-speed-more", "e4b-shape"), ("decode-speed-e2b", "e2b-shape")):
-        recorded, history = records.preset_records(preset, model), records.decode_rates_over_runs(preset, model)
+        recorded = by_preset[preset] = records.preset_records(preset, model)
+        history = records.decode_rates_over_runs(preset, model)
         for name, record in recorded.items():
             config = record["configuration"]
             rate, plain = record.get("decode_tokens_per_s"), bench.plain_generate_rate(record, recorded.values())
@@ -492,7 +493,7 @@ def render_decode_elsewhere() -> list:
             rows.append(f"| {name} | {model} | {config['ple'].upper()} | {card} | "
                         f"{rate or record.get('crashed') or ('out of memory' if record.get('greedy_oom') else '-')} | "
                         f"{ratio} | {spread} |")
-    more = records.preset_records("decode-speed-more")
+    more = by_preset["decode-speed-more"]
     capped, uncapped = (more.get(name, {}).get("decode_tokens_per_s") for name in ("e4b-cpu-generate-8gb", "e4b-cpu-generate"))
     cap_sentence = ["", f"What the cap alone costs: plain `generate` (PLE on the CPU) ran {capped} tokens/s under the "
                     f"8 GB cap and {uncapped} uncapped in the same run (capped / uncapped {capped / uncapped:.2f})."

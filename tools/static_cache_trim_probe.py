@@ -13,6 +13,7 @@ import datetime
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,21 +37,26 @@ def trimmed(drop: int = 0):
     return forward
 
 
-def run(model, ids, new_tokens, settings, function=None):
-    defaults = long_context.register_grouped_sdpa.__defaults__
-    if function is not None:  # use_attention registers the grouped function by this default
-        long_context.register_grouped_sdpa.__defaults__ = (long_context.GROUPED_SDPA, function)
-    try:
-        if ids.is_cuda:  # the previous run's cached blocks would count as this one's reserved
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-        decoding.synchronize(ids.device)
-        began = time.perf_counter()
-        out = settings.generate(model, ids, new_tokens, keep_logits=True)
-        decoding.synchronize(ids.device)
-        seconds = time.perf_counter() - began
-    finally:
-        long_context.register_grouped_sdpa.__defaults__ = defaults
+@dataclass(frozen=True)
+class Cut(long_context.LongContext):
+    """The tuned path with attention cut to the written positions, registered under a name of its own."""
+
+    drop: int = 0
+
+    @property
+    def attention(self) -> str:
+        return long_context.register_grouped_sdpa(f"{long_context.GROUPED_SDPA}_cut{self.drop}", trimmed(self.drop))
+
+
+def run(model, ids, new_tokens, settings):
+    if ids.is_cuda:  # the previous run's cached blocks would count as this one's reserved
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    decoding.synchronize(ids.device)
+    began = time.perf_counter()
+    out = settings.generate(model, ids, new_tokens, keep_logits=True)
+    decoding.synchronize(ids.device)
+    seconds = time.perf_counter() - began
     logits = torch.stack([step[0] for step in out.logits]).float().cpu()
     peaks = ({"peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
               "reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 2)} if ids.is_cuda else {})
@@ -70,9 +76,9 @@ def main(model_name: str, positions: int, new_tokens: int) -> dict:
                "prompt_tokens": ids.shape[1], "new_tokens": new_tokens, "kernels": SETTINGS,
                "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
     logits = {}
-    for name, settings, function in (("plain", plain, None), ("tuned", tuned, None), ("tuned-trimmed", tuned, trimmed()),
-                                     ("tuned-trimmed-again", tuned, trimmed()), ("control-one-short", tuned, trimmed(1))):
-        logits[name], results[name] = run(model, ids, new_tokens, settings, function)
+    for name, settings in (("plain", plain), ("tuned", tuned), ("tuned-trimmed", Cut()), ("tuned-trimmed-again", Cut()),
+                           ("control-one-short", Cut(drop=1))):
+        logits[name], results[name] = run(model, ids, new_tokens, settings)
         print(name, results[name], file=sys.stderr, flush=True)
     for a, b in (("tuned-trimmed", "plain"), ("tuned-trimmed", "tuned"), ("tuned", "plain"),
                  ("tuned-trimmed", "tuned-trimmed-again"), ("control-one-short", "tuned-trimmed")):
