@@ -6,8 +6,10 @@ memory figures on a GPU, and ``tiny`` runs every code path on a CPU in seconds.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
@@ -293,11 +295,14 @@ def save_text_and_media_processors(config, tokenizer, dest: Path) -> bool:
 EMBEDDING_BLOCK_BYTES = 256 * 1024**2
 MAX_SHARD_BYTES = 2 * 10**9  # as save_pretrained(max_shard_size="2GB")
 SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16", torch.int64: "I64"}
-# Each module (and each row block of a large embedding) draws from its own seed, derived from the build's
-# seed and its name, so the bytes do not depend on the order the pieces are made in, and worker
-# processes can make them side by side. Bumped when that scheme changes: the marker records it and an
-# older build is rebuilt, not reused.
-INIT_SCHEME = 2
+# Every random tensor is drawn exactly (``exact_normal``): numpy's PCG64 bit stream, an integer stream that NumPy
+# keeps stable across releases, keyed by the build's seed and the tensor's name, turned into values by integer and
+# correctly rounded float arithmetic only. So the bytes are the same on every CPU, instruction set, thread count and
+# torch release, and do not depend on the order the pieces are made in: worker processes make them side by side, and
+# a row block of a large table reads its own stretch of its tensor's stream. Bumped when that scheme changes: the
+# marker records it and an older build is rebuilt, not reused (scheme 2 drew from torch's normal_, whose bits
+# differed between machines).
+INIT_SCHEME = 3
 # Below this size one process builds (tiny: a second); above it, up to MAX_WORKERS processes, each
 # holding one module or row block at a time: about 1.3 GB with its libraries (8 workers peaked at
 # 11.3 GB together on the H200 box). They take at most half the memory available when the build starts,
@@ -372,6 +377,23 @@ def _refresh_text_files(config, dest: Path) -> None:
         os.replace(staging / COMPLETE_MARKER, dest / COMPLETE_MARKER)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def weights_sha256(folder) -> dict:
+    """{shard file: sha256} of a complete build's weights, from its marker."""
+    if not is_complete(Path(folder)):
+        raise NotASyntheticCheckpointError(f"{folder} has no {COMPLETE_MARKER}: build it with synthetic.build first.")
+    recorded = json.loads((Path(folder) / COMPLETE_MARKER).read_text())["sha256"]
+    return {name: digest for name, digest in sorted(recorded.items()) if name.endswith(".safetensors")}
+
+
+def recorded_weights_sha256(shape: str) -> dict:
+    """The weights' sha256 that ``python -m helpers.synthetic SHAPE --force --record`` wrote into data/builds/
+    ({} where none was recorded, or it came from another init scheme): what every machine's build must give."""
+    config_dict(shape)  # refuses an unknown shape
+    path = BUILDS_DIR / f"{shape}.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    return record.get("weights_sha256", {}) if record.get("init_scheme") == INIT_SCHEME else {}
 
 
 def _siblings(dest: Path, kind: str) -> list:
@@ -488,7 +510,9 @@ def course_init_fills(model) -> dict:
 
 
 def _tensors_to_write(model) -> list:
-    """(name, module name, attribute) for each saved tensor, tied ones once, in state-dict order."""
+    """(name, module name, attribute, tensor) for each saved tensor, tied ones once (the first name, as
+    save_pretrained keeps), sorted by name: the files then do not depend on the order a transformers release
+    registers its modules in (5.5.2 and 5.17 differ)."""
     owners = {}
     for module_name, module in model.named_modules():
         for attribute, tensor in list(module._parameters.items()) + [
@@ -501,7 +525,7 @@ def _tensors_to_write(model) -> list:
             continue  # a tied weight: save_pretrained keeps the first name
         seen.add(id(tensor))
         plan.append((name, *owners[id(tensor)], tensor))
-    return plan
+    return sorted(plan, key=lambda entry: entry[0])
 
 
 def _shards(plan) -> list:
@@ -529,14 +553,99 @@ def _header(shard) -> bytes:
     return len(text).to_bytes(8, "little") + text
 
 
-def _piece_seed(seed: int, module_name: str, first_row: int | None = None) -> int:
-    """The seed one module (or the row block from ``first_row`` of a large embedding) is initialised from."""
-    key = f"{seed}/{module_name}" + ("" if first_row is None else f"/rows-{first_row}")
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:7], "little")
+# The random part of an init: four 16-bit lanes of one 64-bit draw, summed and centred (Irwin-Hall), an integer in
+# [-131070, 131070] with the spread below; scaled by std / spread in float32 (exact up to one correctly rounded
+# multiply), then rounded to the tensor's dtype by round-to-nearest-even.
+NORMAL_LANES = 4
+LANE_CENTRE = NORMAL_LANES * 0xFFFF // 2
+LANE_SPREAD = math.sqrt(NORMAL_LANES * (0x10000 ** 2 - 1) / 12)
+DRAW_CHUNK = 1 << 18  # values per numpy pass: its temporaries stay in the CPU's cache
+# the random inits of transformers.initialization; normal_ is drawn exactly, the others are refused
+RANDOM_INITS = ("uniform_", "normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_",
+                "trunc_normal_", "orthogonal_", "sparse_")
+
+
+def tensor_key(seed: int, tensor_name: str) -> str:
+    """The name of a tensor's random stream in a build of ``seed``."""
+    return f"{seed}/{tensor_name}"
+
+
+def exact_normal(key: str, count: int, *, start: int = 0, mean: float = 0.0, std: float = 1.0,
+                 dtype=torch.bfloat16) -> torch.Tensor:
+    """Values ``start`` to ``start + count`` of the normal-like stream named ``key``: the same bits on every machine."""
+    import numpy as np
+
+    require_whole_number(count, "count", minimum=0)
+    require_whole_number(start, "start", minimum=0)
+    if dtype not in (torch.bfloat16, torch.float32, torch.float16):
+        raise InvalidChoiceError(f"dtype={dtype} is not drawn exactly; use torch.bfloat16, torch.float32 or torch.float16.")
+    stream = np.random.PCG64(int.from_bytes(hashlib.sha256(key.encode()).digest()[:16], "little"))
+    stream.advance(start)
+    scale, shift = np.float32(std / LANE_SPREAD), np.float32(mean)
+    out = np.empty(count, np.uint16 if dtype is torch.bfloat16 else np.float32)
+    for begin in range(0, count, DRAW_CHUNK):
+        size = min(DRAW_CHUNK, count - begin)
+        lanes = stream.random_raw(size).astype("<u8").view("<u2").reshape(size, NORMAL_LANES)
+        total = lanes[:, 0].astype(np.int32)
+        for lane in range(1, NORMAL_LANES):
+            total += lanes[:, lane]
+        total -= LANE_CENTRE
+        values = total.astype(np.float32)  # exact: |total| < 2**24
+        values *= scale
+        if shift:
+            values += shift
+        if dtype is torch.bfloat16:  # float32 -> bfloat16, round to nearest even, in integers
+            bits = values.view(np.uint32)
+            bits += ((bits >> 16) & 1) + np.uint32(0x7FFF)
+            np.right_shift(bits, 16, out=out[begin:begin + size], casting="unsafe")
+        else:
+            out[begin:begin + size] = values
+    if dtype is torch.bfloat16:
+        return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(out).to(dtype)  # float32 -> float16: round to nearest even
+
+
+@contextlib.contextmanager
+def exact_random_init(streams: dict):
+    """While a model's ``_init_weights`` runs inside, its ``normal_`` draws from ``exact_normal``: ``streams`` maps
+    ``id(tensor)`` to ``(key, start)``. Any other random init, or a draw from torch's own generator, is refused: its
+    bits would depend on the machine."""
+    from transformers import initialization
+
+    functions = initialization.TORCH_INIT_FUNCTIONS
+    saved = dict(functions)
+
+    def normal_(tensor, mean=0.0, std=1.0, generator=None):
+        if id(tensor) not in streams:
+            raise CourseError(f"The synthetic build was asked to draw a tensor of shape {tuple(tensor.shape)} it has no "
+                              f"stream for; draw whole parameters only.")
+        key, start = streams[id(tensor)]
+        with torch.no_grad():
+            tensor.copy_(exact_normal(key, tensor.numel(), start=start, mean=mean, std=std, dtype=tensor.dtype)
+                         .view(tensor.shape))
+        return tensor
+
+    def refused(function):
+        def draw(tensor, *args, **kwargs):
+            raise CourseError(f"This model's init asks for {function}, which the synthetic build cannot draw the same "
+                              f"on every machine; only normal_ is drawn exactly.")
+        return draw
+
+    functions.update({name: refused(name) for name in RANDOM_INITS if name in functions})
+    functions["normal_"] = normal_
+    before = torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        functions.clear()
+        functions.update(saved)
+    if not torch.equal(before, torch.random.get_rng_state()):
+        raise CourseError("This model's init drew from torch's random generator, whose bits depend on the machine; "
+                          "the synthetic build draws only through transformers.initialization.normal_.")
 
 
 def _materialise(model, module_name: str, fills: dict, seed: int):
-    """Give one module real CPU tensors, initialised by the model's own ``_init_weights``."""
+    """Give one module real CPU tensors, initialised by the model's own ``_init_weights``, its random draws exact."""
     module = model.get_submodule(module_name)
     for attribute, tensor in list(module._parameters.items()):
         if tensor is not None:
@@ -545,8 +654,10 @@ def _materialise(model, module_name: str, fills: dict, seed: int):
     for attribute, tensor in list(module._buffers.items()):
         if tensor is not None:
             module._buffers[attribute] = torch.empty_like(tensor, device="cpu")
-    torch.manual_seed(_piece_seed(seed, module_name))
-    with torch.no_grad():
+    prefix = f"{module_name}." if module_name else ""
+    streams = {id(tensor): (tensor_key(seed, prefix + attribute), 0)
+               for attribute, tensor in [*module._parameters.items(), *module._buffers.items()] if tensor is not None}
+    with torch.no_grad(), exact_random_init(streams):
         model._init_weights(module)
         if module_name in fills:
             module.weight.fill_(fills[module_name])
@@ -567,16 +678,15 @@ def _block_rows(module) -> int:
 
 
 def _embedding_block(model, module_name: str, rows: tuple, seed: int) -> torch.Tensor:
-    """Rows ``start:stop`` of a large embedding table, initialised by ``_init_weights`` as an
-    ``nn.Embedding`` of those rows (normal init, the padding row zeroed where it falls)."""
+    """Rows ``start:stop`` of a large embedding table, initialised by ``_init_weights`` as an ``nn.Embedding``
+    of those rows (the padding row zeroed where it falls), drawn from its table's stream at its first row."""
     module = model.get_submodule(module_name)
     start, stop = rows
     width = module.weight.shape[1]
     piece = torch.nn.Embedding(stop - start, width, device="cpu", dtype=module.weight.dtype, _freeze=True)
     pad = module.padding_idx
     piece.padding_idx = pad - start if pad is not None and start <= pad < stop else None
-    torch.manual_seed(_piece_seed(seed, module_name, start))
-    with torch.no_grad():
+    with torch.no_grad(), exact_random_init({id(piece.weight): (tensor_key(seed, f"{module_name}.weight"), start * width)}):
         model._init_weights(piece)
     return piece.weight.detach()
 
@@ -702,9 +812,8 @@ def write_weights(config, folder: Path, *, seed: int = DEFAULT_SEED, progress: b
     peaks = {}
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
         if workers <= 1:
-            with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
-                for piece in pieces:
-                    bar.update(_write_piece(model, fills, seed, folder, piece))
+            for piece in pieces:
+                bar.update(_write_piece(model, fills, seed, folder, piece))
         else:
             peaks = _write_in_workers(config, seed, folder, pieces, workers, bar)
     if len(shards) > 1:
@@ -758,7 +867,8 @@ def main(argv=None) -> int:
 
         record = {key: marker[key] for key in ("shape", "seed", "config_sha256_12", "init_scheme", "workers", "built_in_s",
                                                "peak_rss_bytes")}
-        record.update(cpus=_os.cpu_count(), ram_bytes=psutil.virtual_memory().total, gpu_used=False,
+        record.update(weights_sha256=weights_sha256(path), cpus=_os.cpu_count(), ram_bytes=psutil.virtual_memory().total,
+                      gpu_used=False,
                       platform=f"{platform.system()} {platform.machine()}", torch=torch.__version__,
                       date=time.strftime("%Y-%m-%d"), command=f"python -m helpers.synthetic {args.shape} --force --record")
         BUILDS_DIR.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from helpers import synthetic
-from helpers.errors import InvalidChoiceError
+from helpers.errors import CourseError, InvalidChoiceError
 
 
 def test_tiny_round_trips_through_from_pretrained_with_same_names_shapes_and_values(tiny_path):
@@ -134,15 +134,58 @@ def test_worker_processes_write_the_same_bytes_as_one_process_so_a_build_does_no
     assert markers[1]["peak_rss_bytes"] > markers[0]["peak_rss_bytes"]  # the workers' memory is counted too
 
 
-def test_each_module_draws_from_its_own_seed_so_two_modules_of_one_shape_differ():
+def test_each_tensor_draws_from_its_own_stream_so_two_modules_of_one_shape_differ():
     model = synthetic.skeleton(synthetic.gemma4_config("tiny"))
     fills = synthetic.course_init_fills(model)
     first, second = (synthetic._materialise(model, f"model.language_model.layers.{i}.mlp.gate_proj", fills, 0).weight.clone()
                      for i in (0, 1))
     again = synthetic._materialise(model, "model.language_model.layers.0.mlp.gate_proj", fills, 0).weight
+    other_seed = synthetic._materialise(model, "model.language_model.layers.0.mlp.gate_proj", fills, 1).weight
     assert first.shape == second.shape and not torch.equal(first, second)
     assert torch.equal(first, again)  # the same module, made again (by another worker), is the same
-    assert synthetic._piece_seed(0, "a") != synthetic._piece_seed(1, "a") != synthetic._piece_seed(0, "a", 0)
+    assert not torch.equal(first, other_seed)
+
+
+def test_a_stretch_of_a_stream_is_the_same_bits_as_that_part_of_the_whole_so_row_blocks_do_not_matter():
+    whole = synthetic.exact_normal("0/table", 10_000, std=0.02)
+    parts = torch.cat([synthetic.exact_normal("0/table", 3_333, start=start, std=0.02) for start in (0, 3_333, 6_666)]
+                      + [synthetic.exact_normal("0/table", 1, start=9_999, std=0.02)])
+    assert torch.equal(whole.view(torch.int16), parts.view(torch.int16))
+    shifted = synthetic.exact_normal("0/table", 10_000, start=1, std=0.02)  # the control: one draw late
+    assert torch.equal(whole[1:].view(torch.int16), shifted[:-1].view(torch.int16))
+    assert not torch.equal(whole.view(torch.int16), shifted.view(torch.int16))
+    assert len(set(whole.float().tolist())) > 1_000 and whole.float().std().item() == pytest.approx(0.02, rel=0.05)
+    assert abs(whole.float().mean().item()) < 0.002
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_exact_draws_round_the_same_float32_values_to_each_dtype(dtype):
+    wide = synthetic.exact_normal("0/w", 4_096, std=0.5, dtype=torch.float32)
+    assert torch.equal(synthetic.exact_normal("0/w", 4_096, std=0.5, dtype=dtype), wide.to(dtype))
+
+
+def test_the_build_refuses_an_init_whose_bits_would_depend_on_the_machine():
+    from transformers import initialization
+
+    weight = torch.empty(4, 4)
+    with pytest.raises(CourseError, match="uniform_"), synthetic.exact_random_init({id(weight): ("0/w", 0)}):
+        initialization.uniform_(weight)
+    with pytest.raises(CourseError, match="torch's random generator"), synthetic.exact_random_init({}):
+        torch.randn(3)
+    with synthetic.exact_random_init({id(weight): ("0/w", 0)}):
+        initialization.normal_(weight, std=0.02)
+    assert torch.equal(weight.view(-1), synthetic.exact_normal("0/w", 16, std=0.02, dtype=torch.float32))
+    assert initialization.TORCH_INIT_FUNCTIONS["normal_"] is torch.nn.init.normal_  # restored
+
+
+def test_tiny_is_the_same_bytes_as_recorded_so_every_machine_gets_the_same_weights(tiny_path, tmp_path):
+    """The recorded sha256 (data/builds/tiny.json, `python -m helpers.synthetic tiny --force --record`) against a
+    fresh build on this machine; the control, seed 1, must differ. make test also runs this under other CPUs'
+    kernels (ATEN_CPU_CAPABILITY=default and avx2)."""
+    recorded = synthetic.recorded_weights_sha256("tiny")
+    assert recorded and synthetic.weights_sha256(tiny_path) == recorded
+    other_seed = synthetic.build("tiny", tmp_path / "seed-1", seed=1, progress=False)
+    assert synthetic.weights_sha256(other_seed) != recorded
 
 
 def test_a_build_drawn_by_the_older_single_stream_init_is_rebuilt_not_reused(tmp_path):
@@ -320,13 +363,15 @@ def greedy_distinct_tokens_at_e4b_width(post_norm_scale: float, tokens: int = 48
                 num_hidden_layers=12, layer_types=text["layer_types"][:12], num_kv_shared_layers=6,
                 vocab_size=32768, vocab_size_per_layer_input=32768)
     raw["vision_config"]["num_hidden_layers"] = raw["audio_config"]["num_hidden_layers"] = 1
-    torch.manual_seed(0)
-    model = Gemma4ForConditionalGeneration._from_config(synthetic.gemma4_config(raw), dtype=torch.float32).eval()
-    fills = synthetic.course_init_fills(model)
+    with torch.device("meta"):
+        model = Gemma4ForConditionalGeneration._from_config(synthetic.gemma4_config(raw), dtype=torch.float32).eval()
+    fills = {name: post_norm_scale if name.split(".")[-1] in synthetic.POST_NORMS else fill
+             for name, fill in synthetic.course_init_fills(model).items()}
+    for name, module in model.named_modules():  # drawn exactly, as a build draws them: the same model everywhere
+        if [t for t in [*module._parameters.values(), *module._buffers.values()] if t is not None]:
+            synthetic._materialise(model, name, fills, 0)
+    model.tie_weights()
     with torch.no_grad():
-        for name, module in model.named_modules():
-            if name in fills:
-                module.weight.fill_(post_norm_scale if name.split(".")[-1] in synthetic.POST_NORMS else fills[name])
         ids = torch.tensor([[2, *range(1000, 1031)]])
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
                              min_new_tokens=tokens, do_sample=False)
