@@ -174,6 +174,30 @@ def remove_hooks(model) -> int:
 
 # --------------------------------------------------------------------------- the tuned greedy loop
 
+def language_model(model):
+    """The text decoder (``Gemma4TextModel``) that computes the per-layer inputs."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model.language_model
+    return getattr(decoder, "language_model", decoder)
+
+
+def text_ids(model, ids: torch.Tensor) -> torch.Tensor:
+    """The ids the model's own forward looks up for ``ids``: ``Gemma4Model.forward`` (5.5.2 to 5.24) takes the image,
+    audio and video placeholders, found by its ``get_placeholder_mask``, as the text config's pad token."""
+    base = getattr(model, "model", None)
+    if not hasattr(base, "get_placeholder_mask"):
+        return ids  # a text-only model looks up the ids as they are
+    image, video, audio = base.get_placeholder_mask(input_ids=ids)
+    return torch.where(image | video | audio, model.config.get_text_config().pad_token_id, ids)
+
+
+def text_inputs(model, ids: torch.Tensor) -> dict:
+    """``inputs_embeds`` and ``per_layer_inputs`` of ``ids`` as the model's own forward computes them from
+    ``input_ids`` (placeholders as the pad token), for a step that takes them from outside."""
+    ids = text_ids(model, ids)
+    embeds = model.get_input_embeddings()(ids)
+    return {"inputs_embeds": embeds, "per_layer_inputs": language_model(model).get_per_layer_inputs(ids, embeds)}
+
+
 def supports_ple_outside(model) -> bool:
     """Whether this transformers release lets the multimodal model take ``per_layer_inputs`` (5.17 and
     later here; 5.5.2's ``Gemma4ForConditionalGeneration.forward`` has no such argument)."""
@@ -347,9 +371,6 @@ class TunedGreedy:
         self.model, self.settings = model, settings
         self.hooks_removed = remove_hooks(model) if settings.remove_hooks else 0
         self.device = placement.compute_device_of(model)
-        self.language_model = model.get_decoder() if hasattr(model, "get_decoder") else model.model.language_model
-        self.language_model = getattr(self.language_model, "language_model", self.language_model)
-        self.embed = model.get_input_embeddings()
         eos = model.generation_config.eos_token_id
         self.eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.cache_name = cache_argument(model)
@@ -393,8 +414,7 @@ class TunedGreedy:
             self.model.config, torch.empty((1, 1, 0), dtype=self.model.dtype, device=self.device),
             mask_2d[:, :position + 1], cache, positions)}
         if self.settings.ple_outside:
-            embeds = self.embed(token)
-            inputs.update(inputs_embeds=embeds, per_layer_inputs=self.language_model.get_per_layer_inputs(token, embeds))
+            inputs.update(text_inputs(self.model, token))
         else:
             inputs["input_ids"] = token
         inputs.update(position_ids=positions, use_cache=True, logits_to_keep=1, **{self.cache_name: cache})
@@ -480,10 +500,7 @@ def graph_breaks(model, ids: torch.Tensor, *, ple_outside: bool = True) -> dict:
         positions = torch.tensor([[ids.shape[1]]], device=device)
         inputs = {"input_ids": token}
         if ple_outside and supports_ple_outside(model):
-            embeds = model.get_input_embeddings()(token)
-            decoder = model.get_decoder()
-            decoder = getattr(decoder, "language_model", decoder)
-            inputs = {"inputs_embeds": embeds, "per_layer_inputs": decoder.get_per_layer_inputs(token, embeds)}
+            inputs = text_inputs(model, token)
         torch._dynamo.reset()
         with silenced(HOOKED_RECOMPILES):
             explained = torch._dynamo.explain(model.forward)(position_ids=positions, use_cache=True, logits_to_keep=1,

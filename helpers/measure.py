@@ -206,6 +206,48 @@ def ple_row_nudged(model, token_id: int):
                 table.data[token_id].copy_(original)
 
 
+def placeholder_ids(model) -> tuple:
+    """The image, audio and video placeholder ids the model's forward looks up as the pad token."""
+    return tuple(getattr(model.config, f"{kind}_token_id") for kind in ("image", "audio", "video"))
+
+
+@contextlib.contextmanager
+def placeholders_emitted(model, greedy_tokens, *, boost: float = 1.125):
+    """A model whose greedy decoding emits every placeholder id, for an identity check that must cover them
+    (random weights rarely choose one). One at a time, each placeholder's output row becomes ``boost`` times the row of
+    a token greedy chose at a later step that it had not chosen before, so the placeholder wins there and the steps
+    before are unchanged; ``greedy_tokens()`` runs the reference decode. Yields {placeholder id: step}; the rows (tied
+    to the input embedding) are restored on exit. Fails in one sentence where no step can be forced."""
+    head = model.get_output_embeddings().weight
+    placeholders = placeholder_ids(model)
+    saved = {token: head.data[token].clone() for token in placeholders}
+    forced = {}
+    try:
+        tokens = greedy_tokens()
+        first = 1
+        for placeholder in placeholders:
+            for step in range(first, len(tokens)):
+                chosen = tokens[step]
+                if chosen in tokens[:step] or chosen in placeholders:
+                    continue
+                with torch.no_grad():
+                    head.data[placeholder] = (head.data[chosen].float() * boost).to(head.dtype)
+                again = greedy_tokens()
+                if again[:step] == tokens[:step] and again[step] == placeholder:
+                    forced[placeholder], tokens, first = step, again, step + 2
+                    break
+                with torch.no_grad():
+                    head.data[placeholder] = saved[placeholder]
+            else:
+                raise CourseError(f"No step of {len(tokens)} could be made to emit placeholder {placeholder}; decode more "
+                                  f"tokens.")
+        yield forced
+    finally:
+        with torch.no_grad():
+            for token, row in saved.items():
+                head.data[token] = row
+
+
 def gpu_memory(device) -> dict:
     """Allocated, reserved and peak bytes on a CUDA device ({} elsewhere)."""
     if torch.device(device).type != "cuda":

@@ -63,6 +63,66 @@ def test_the_tuned_decode_gives_the_logits_of_generate_with_a_static_cache_bit_f
     assert run.tokens == expected.tokens
 
 
+@pytest.fixture(scope="module")
+def emitting_placeholders(ids):
+    """A model of its own whose greedy decode emits the image, audio and video placeholders (measure.placeholders_emitted),
+    and plain generate's static-cache run of it, twice: the reference, and how far it agrees with itself."""
+    model = fresh()
+
+    def generated():
+        with math_attention():
+            return decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
+
+    with measure.placeholders_emitted(model, lambda: generated().tokens) as forced:
+        first, again = generated(), generated()
+        yield model, forced, first, measure.self_consistent_steps(first.logits, again.logits)
+
+
+@needs_ple_outside
+@pytest.mark.parametrize("compile_mode", [None, "eager", "cudagraphs"], ids=["loop", "dynamo", "graph-buffers"])
+def test_the_tuned_decode_looks_up_a_generated_placeholder_as_the_models_forward_does_so_it_still_equals_generate(
+        emitting_placeholders, ids, compile_mode, monkeypatch):
+    model, forced, expected, steps = emitting_placeholders
+    placeholders = measure.placeholder_ids(model)
+    assert sorted(forced) == sorted(placeholders) and steps == NEW  # the case is covered: each one is fed back
+    assert all(expected.tokens[step] == token and step < NEW - 1 for token, step in forced.items())
+    assert len(set(expected.tokens)) > NEW // 2
+    with math_attention():
+        run = decoding.TunedGreedy(model, decoding.Decoder(compile=compile_mode)).greedy(ids, NEW, keep_logits=True)
+    assert measure.compare_logits(expected.logits, run.logits, steps)["identical"]
+    assert run.tokens == expected.tokens
+    monkeypatch.setattr(decoding, "text_ids", lambda model, ids: ids)  # the control: the raw ids looked up
+    with math_attention():
+        raw = decoding.TunedGreedy(model, decoding.Decoder(compile=compile_mode)).greedy(ids, NEW, keep_logits=True)
+    comparison = measure.compare_logits(expected.logits, raw.logits, steps)
+    assert not comparison["identical"] and comparison["first_difference"] == min(forced.values()) + 1
+
+
+def test_text_inputs_are_what_the_models_own_forward_hands_its_decoder_for_placeholder_ids():
+    """Drift: decoding.text_inputs copies Gemma4Model.forward's rule (placeholders looked up as the pad token); it must
+    give the decoder the embeddings and PLE rows that forward gives it, with pad rows that are not zero."""
+    model = fresh("bf16")
+    pad = model.config.get_text_config().pad_token_id
+    image, audio, video = measure.placeholder_ids(model)
+    with torch.no_grad():
+        for table in (model.get_input_embeddings(), model.get_submodule(placement.ple_module_names(model)[0])):
+            table.weight.data[pad] = table.weight.data[pad + 7]
+    ids = torch.tensor([[2, image, 300, audio, video, 301]])
+    seen = {}
+    hook = decoding.language_model(model).register_forward_pre_hook(lambda module, args, kwargs: seen.update(kwargs),
+                                                                    with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+            ours = decoding.text_inputs(model, ids)
+            raw = {"inputs_embeds": model.get_input_embeddings()(ids)}  # the control: placeholders looked up as they are
+    finally:
+        hook.remove()
+    for name, tensor in ours.items():
+        assert torch.equal(seen[name], tensor), name
+    assert not torch.equal(seen["inputs_embeds"], raw["inputs_embeds"])
+
+
 @needs_ple_outside
 def test_the_tuned_decode_with_one_ple_row_nudged_by_one_ulp_is_told_apart(nf4, ids, reference):
     expected, steps = reference
