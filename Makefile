@@ -19,7 +19,7 @@ LLAMA_CPP_SDIST := $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
 LLAMA_CPP_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
 export LLAMA_CPP_SOURCE := $(CURDIR)/$(LLAMA_CPP_DIR)/llama.cpp
 
-.PHONY: bench install lint llama-cpp test test-mutations test-cpu test-notebooks test-matrix test-colab classroom-load browser-check docs test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
+.PHONY: bench install lint llama-cpp test test-mutations test-cpu test-kernels test-notebooks test-matrix test-colab classroom-load browser-check docs test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
 
 $(VENV)/.installed: requirements.txt requirements-local.txt requirements-dev.txt pyproject.toml helpers/course.py
 	@# the same set-up as `python -m helpers.course setup --dev` from PowerShell: a CUDA torch where nvidia-smi
@@ -46,7 +46,7 @@ $(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON): $(VENV)/.installed
 	touch $@
 
 ## make test: every tier this machine can run
-test: install lint llama-cpp test-cpu test-notebooks test-matrix test-mutations test-colab
+test: install lint llama-cpp test-cpu test-kernels test-notebooks test-matrix test-mutations test-colab
 	@if [ -n "$(HAS_CUDA)" ]; then $(MAKE) --no-print-directory test-gpu PYTHON_GPU=$(PY); fi
 
 lint: install
@@ -58,6 +58,14 @@ test-mutations: install
 
 test-cpu: install
 	$(PY) -m pytest tests -ra
+
+## make test-kernels: the numerics, decoding and same-bytes tests again under other CPUs' kernels (PyTorch's
+## ATEN_CPU_CAPABILITY picks the vector kernels of an older instruction set on this machine)
+KERNEL_CAPABILITIES ?= default avx2
+KERNEL_TESTS ?= tests/test_numerics.py tests/test_decoding.py tests/test_synthetic.py
+test-kernels: install
+	@for capability in $(KERNEL_CAPABILITIES); do echo "== $(KERNEL_TESTS) with ATEN_CPU_CAPABILITY=$$capability"; \
+		ATEN_CPU_CAPABILITY=$$capability $(PY) -m pytest $(KERNEL_TESTS) -q -p no:cacheprovider -m "not gpu" || exit 1; done
 
 test-notebooks: install
 	@if [ -n "$(NOTEBOOKS)" ]; then $(PY) -m pytest --nbval-lax -p no:cacheprovider $(NOTEBOOKS); \

@@ -96,6 +96,18 @@ class Decoder:
         if self.chunk is not None:
             require_whole_number(self.chunk, "chunk", unit="tokens")
 
+    def check_quant(self, quant: str) -> None:
+        """Refuse, before anything is loaded, a quantization these settings cannot decode: bitsandbytes' int8 layers
+        pick their outlier columns on the host at every step (``if outliers.any()`` in its ``int8_vectorwise_quant``,
+        0.50), which neither a CUDA graph nor a full Dynamo graph can hold."""
+        from .quantization import QUANTS
+
+        require_choice(quant, QUANTS, "quant")
+        if quant == "int8" and self.compile is not None:
+            raise TunedDecodeError(f"Decoder(compile={self.compile!r}) cannot run bitsandbytes' int8 layers: they decide on "
+                                   f"the host at every step which columns are outliers, which a compiled or captured step "
+                                   f"cannot hold; load with quant='nf4', or pass Decoder(compile=None).")
+
     def label(self) -> str:
         return f"compile={self.compile or 'none'}, hooks {'removed' if self.remove_hooks else 'kept'}, " \
                f"PLE {'outside' if self.ple_outside else 'inside'} the step"
@@ -297,12 +309,18 @@ class StepGraphs:
     those buffers and replay. On a CPU nothing is captured: later steps run ``forward`` on the same static
     buffers, so the CPU tests check that every input really goes through them."""
 
+    # Capture on the stream the first step warmed up: what a library sets up lazily for each stream (cuBLAS keeps a
+    # workspace per stream) then exists before the capture. On a stream of its own (torch.cuda.graph's default), the
+    # first capture of bf16 layers in a process failed ("operation failed due to a previous error during capture").
+    capture_on_warmup_stream = True
+
     def __init__(self, forward, device):
         self.forward, self.device = forward, torch.device(device)
         self.capture = self.device.type == "cuda"
         self.phases: dict = {}  # phase -> (graph or None, static inputs, static logits or None)
         self.captured = self.replayed = 0
         self._pool = None
+        self._stream = torch.cuda.Stream(self.device) if self.capture else None
 
     def phase(self, cache, inputs: dict) -> tuple:
         full = tuple(layer.cumulative_length_int >= layer.max_cache_len for layer in cache.layers
@@ -336,14 +354,15 @@ class StepGraphs:
                 out = self.forward(**inputs).logits[:, -1].clone()
             self.phases[phase] = (None, static, None)
             return out
-        side = torch.cuda.Stream(self.device)
+        side = self._stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), pinned_sliding_counters(cache):
             out = self.forward(**inputs).logits[:, -1].clone()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
+        on = {"stream": side} if self.capture_on_warmup_stream else {}
         try:
-            with pinned_sliding_counters(cache, new_tokens=0), torch.cuda.graph(graph, pool=self._pool):
+            with pinned_sliding_counters(cache, new_tokens=0), torch.cuda.graph(graph, pool=self._pool, **on):
                 logits = self.forward(**static).logits  # recorded, not run: the cache is not written twice
         except RuntimeError as error:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -368,6 +387,9 @@ class TunedGreedy:
             raise TunedDecodeError(f"transformers {transformers.__version__} cannot take the PLE rows from outside the model "
                               f"(Gemma4ForConditionalGeneration.forward has no per_layer_inputs): upgrade transformers "
                               f"(5.17 or later), or pass Decoder(ple_outside=False).")
+        from .quantization import quant_of
+
+        settings.check_quant(quant_of(model))
         self.model, self.settings = model, settings
         self.hooks_removed = remove_hooks(model) if settings.remove_hooks else 0
         self.device = placement.compute_device_of(model)

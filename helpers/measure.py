@@ -369,6 +369,8 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
     ``max_position_embeddings``); ``logits_out`` keeps
     the greedy run's logits for a bit-for-bit comparison with another route. ``path``, ``prefill_chunk``:
     long prompts; ``decode``, ``greedy_context``, ``profile_trace``: decoding speed (the module's docstring)."""
+    if DECODE_MODES.get(decode):
+        decoding.Decoder(compile=DECODE_MODES[decode]).check_quant(quant)  # before anything is loaded
     checkpoint = models.resolve(source)  # once; a synthetic checkpoint is built before any card-sized cap
     torch.cuda.init()
     index, device = device, torch.device("cuda", device)

@@ -57,6 +57,18 @@ def layer_kinds(model) -> Counter:
     return kinds
 
 
+def quant_of(model) -> str:
+    """The ``QUANTS`` choice a loaded model was quantized with, read from its layers."""
+    import bitsandbytes as bnb
+
+    for _, module in model.named_modules():
+        if isinstance(module, bnb.nn.Linear8bitLt):
+            return "int8"
+        if isinstance(module, bnb.nn.Linear4bit):
+            return module.weight.quant_type
+    return "bf16"
+
+
 def unquantized_linears(model) -> list:
     """Names of plain ``nn.Linear`` layers that stayed in bf16."""
     import bitsandbytes as bnb

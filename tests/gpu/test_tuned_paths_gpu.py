@@ -38,6 +38,7 @@ def test_the_loader_attaches_hooks_on_a_gpu_they_break_the_graph_and_removing_th
     decoding.remove_hooks(model)
     assert decoding.graph_breaks(model, ids)["graph_breaks"] == 0
     after = decoding.plain_greedy(model, ids, 16, static_cache=True, keep_logits=True)
+    assert len(set(before.tokens)) > 8  # what is compared varies
     assert measure.compare_logits(before.logits, after.logits)["identical"]
 
 
@@ -99,3 +100,29 @@ def test_the_tuned_chunked_prefill_gives_the_logits_of_one_uncached_forward_on_t
     broken = long_context.narrow_window(long_context.new_cache(model, "static", 96))
     bad = long_context.logits_agree(reference, settings.prefill_logits(model, long_ids, cache=broken), atol=1e-3)
     assert good["close"] and not bad["close"], (good, bad)
+
+
+def capture_case(case: str, model: str = "tiny") -> dict:
+    """One case of tools/capture_probe.py in a fresh process: nothing an earlier model set up can help it."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers.paths import REPO_ROOT
+
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "capture_probe.py"), model, "--case", case],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+
+
+@pytest.mark.parametrize("case", ["bf16", "nf4", "fp4"])
+def test_the_cuda_graph_step_captures_as_the_first_model_of_a_fresh_process_with_the_logits_of_generate(case):
+    result = capture_case(case)
+    assert result["captured"] and result["identical"] and result["distinct_tokens"] > 8, result
+
+
+def test_int8_is_refused_before_loading_and_by_a_loaded_model_in_one_sentence():
+    result = capture_case("int8")
+    assert "compile=None" in result["refused_before_loading"] and not result["captured"], result
+    assert result["error"].startswith("TunedDecodeError") and "compile=None" in result["error"], result
