@@ -23,17 +23,18 @@ from pathlib import Path
 CASES = ("bf16", "bf16-own-stream", "bf16-after-nf4", "nf4", "fp4", "int8")
 
 
-def run_case(model_name: str, case: str, new_tokens: int) -> dict:
+def run_case(model_name: str, case: str, new_tokens: int, kernels: str = "reproducible") -> dict:
     import torch
 
     from helpers import decoding, loading, measure
     from helpers.errors import CourseError
 
-    measure.reproducible_kernels()
+    if kernels == "reproducible":
+        measure.reproducible_kernels()
     quant = case.split("-")[0]
     if case == "bf16-own-stream":
         decoding.StepGraphs.capture_on_warmup_stream = False
-    result = {"case": case, "model": model_name, "quant": quant}
+    result = {"case": case, "model": model_name, "quant": quant, "kernels": kernels}
     try:
         decoding.Decoder().check_quant(quant)
     except CourseError as error:
@@ -66,10 +67,13 @@ def main(argv=None) -> int:
     parser.add_argument("--case", choices=CASES, help="run one case in this process and print its JSON")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--kernels", choices=("reproducible", "default"), default="reproducible",
+                        help="reproducible: measure.reproducible_kernels() first (a fixed cuBLAS workspace, attention off "
+                             "cuDNN); default: PyTorch's own choices, as a learner's kernel has them")
     parser.add_argument("--out", type=Path, help="write every case's result here (JSON)")
     args = parser.parse_args(argv)
     if args.case:
-        print(json.dumps(run_case(args.model, args.case, args.new_tokens)))
+        print(json.dumps(run_case(args.model, args.case, args.new_tokens, args.kernels)))
         return 0
     from helpers import synthetic
     from helpers.models import is_synthetic
@@ -80,7 +84,8 @@ def main(argv=None) -> int:
     results = []
     for case in args.cases:
         began = time.perf_counter()
-        done = subprocess.run([sys.executable, __file__, args.model, "--case", case, "--new-tokens", str(args.new_tokens)],
+        done = subprocess.run([sys.executable, __file__, args.model, "--case", case, "--new-tokens", str(args.new_tokens),
+                               "--kernels", args.kernels],
                               capture_output=True, text=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         result = json.loads(lines[-1]) if done.returncode == 0 and lines else {
