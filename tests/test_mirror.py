@@ -200,8 +200,9 @@ def test_the_course_sends_no_hub_token_to_a_mirror_and_the_control_would(served,
 
 def test_resolving_a_hub_id_with_hf_endpoint_on_a_mirror_sends_no_token(served, tmp_path):
     # a learner's kernel: HF_ENDPOINT points at the room's mirror, and a token is saved
+    # a course cache of its own: where another test (or pytest run) downloaded the repo, resolve asks nothing
     env = {**os.environ, "HF_ENDPOINT": "", "HF_TOKEN": FAKE_TOKEN, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "0",
-           "HF_HUB_DISABLE_XET": "1"}
+           "HF_HUB_DISABLE_XET": "1", "GEMMA_COURSE_CACHE": str(tmp_path / "course-cache")}
     with faults.FaultyProxy(served.endpoint) as recorder:
         env["HF_ENDPOINT"] = recorder.endpoint
         done = subprocess.run([sys.executable, "-c", f"from helpers import models; print(models.resolve({REPO!r}))"],

@@ -193,6 +193,33 @@ def render_determinism(record: dict) -> str:
             + "; ".join(found) + ". " + verdict)
 
 
+CAPTURE_PROBE = "capture-probe-"  # data/gpu-tier/capture-probe-<model>[-default].json: tools/capture_probe.py
+
+
+def render_capture_probe(record: dict) -> str:
+    """Each quantization as the first model of a fresh process: captured or refused, logits against generate."""
+    rows = []
+    for result in record["results"]:
+        if "refused_before_loading" in result:
+            outcome = "refused before loading: " + result["refused_before_loading"].split(" (help:")[0]
+        elif "crashed" in result:
+            outcome = f"crashed (exit {result['crashed']})"
+        else:
+            same = "identical to" if result["identical"] else "DIFFERENT from"
+            outcome = (f"{'captured' if result['captured'] else 'not captured'}, logits {same} `generate` with a static "
+                       f"cache ({result['distinct_tokens']} distinct tokens), {result['tokens_per_s']:g} tokens/s")
+        rows.append(f"| {result['case']} | {result.get('kernels', 'reproducible')} | {outcome} |")
+    model = record["results"][0]["model"]
+    own = [r for r in record["results"] if r["case"].endswith("-own-stream") and "captured" in r]
+    if own:
+        verdict = ("captured too: the first-capture failure reported earlier did not recur here" if all(r["captured"] for r in own)
+                   else "failed to capture: the warm-up stream is what makes it work")
+        rows += ["", "On a stream of its own (where the course captured before it moved the capture onto the warm-up "
+                 f"stream) the bf16 step {verdict}."]
+    return "\n".join([f"**The CUDA-graph step as the first model of a fresh process** ({model}, `{record['command'].split(' --out')[0]}`, "
+                      f"{record['date']}):", "", "| case | kernels | outcome |", "|---|---|---|", *rows])
+
+
 TRIM_PROBE = "static-cache-trim-"  # data/gpu-tier/static-cache-trim-<model>.json: tools/static_cache_trim_probe.py
 
 
@@ -549,6 +576,8 @@ def render() -> str:
             blocks.append(render_release_probe(json.loads(path.read_text())))
         elif path.stem.startswith("determinism-"):
             blocks.append(render_determinism(json.loads(path.read_text())))
+        elif path.stem.startswith(CAPTURE_PROBE):
+            blocks.append(render_capture_probe(json.loads(path.read_text())))
         elif path.stem.startswith(TRIM_PROBE):
             blocks.append(render_trim_probe(path.stem.removeprefix(TRIM_PROBE), json.loads(path.read_text())))
         else:
