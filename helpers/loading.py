@@ -142,10 +142,11 @@ class GPUStillInUseNotice(UserWarning):
 STILL_IN_USE_BYTES = 256 * 1024**2  # more than a prompt's worth of tensors: a model, or a model's outputs
 
 
-def release_gpu() -> dict:
+def release_gpu(*, warn: bool = True) -> dict:
     """After ``del model``: collect the garbage and hand PyTorch's cached blocks back to the driver,
     so the next load starts from an empty card. Returns the bytes still allocated and reserved, and
     warns when a model's worth is still allocated (a variable still refers to it)."""
+    require_bool(warn, "warn")
     gc.collect()
     if not torch.cuda.is_available():
         return {}
@@ -157,7 +158,7 @@ def release_gpu() -> dict:
         clear_workspaces()
     torch.cuda.empty_cache()
     left = {"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved()}
-    if left["allocated_bytes"] > STILL_IN_USE_BYTES:
+    if warn and left["allocated_bytes"] > STILL_IN_USE_BYTES:
         warnings.warn(f"{left['allocated_bytes'] / 1e9:.2f} GB is still allocated on the GPU after release_gpu(): a "
                       f"variable still refers to a model or its outputs; `del` it, then call release_gpu() again.",
                       GPUStillInUseNotice, stacklevel=2)
@@ -243,18 +244,35 @@ def load_model(
     if quant_config is not None:
         kwargs["quantization_config"] = quant_config
     kwargs.update(from_pretrained_kwargs)
+    model = None
     try:
         model = models.auto_class_for(config).from_pretrained(path, **kwargs)
-    except torch.OutOfMemoryError:
-        raise InsufficientGPUMemoryError(
-            f"Ran out of GPU memory while loading {path.name} with quant={quant!r}, ple={ple!r}: "
-            f"try ple='cpu' and quant='nf4', close other notebooks, or restart the kernel to free memory."
-        ) from None
-    model.eval()
-    if ple == "cpu":
-        for name in placement.require_ple(model):
-            placement.install_cpu_lookup(model.get_submodule(name), target)
+        model.eval()
+        if ple == "cpu":
+            for name in placement.require_ple(model):
+                placement.install_cpu_lookup(model.get_submodule(name), target)
+    except BaseException as error:  # out of memory, a hook's or the quantizer's error, a learner's interrupt
+        model = None
+        give_back_failed_load(error)
+        if isinstance(error, torch.OutOfMemoryError):
+            raise InsufficientGPUMemoryError(
+                f"Ran out of GPU memory while loading {path.name} with quant={quant!r}, ple={ple!r}: "
+                f"try ple='cpu' and quant='nf4', close other notebooks, or restart the kernel to free memory."
+            ) from None
+        raise
     return model
+
+
+def give_back_failed_load(error: BaseException) -> None:
+    """Free what a load that failed partway had taken: the frames of its traceback still hold the half-built model
+    (and a notebook keeps the last traceback), so their locals are cleared before the GPU's cache is emptied."""
+    import traceback
+
+    traceback.clear_frames(error.__traceback__)
+    for chained in (error.__context__, error.__cause__):
+        if chained is not None:
+            traceback.clear_frames(chained.__traceback__)
+    release_gpu(warn=False)
 
 
 def _map_value(device: torch.device):

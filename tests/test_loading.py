@@ -146,3 +146,43 @@ def test_release_gpu_clears_cublas_workspaces_before_emptying_the_cache_else_a_d
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
     loading.release_gpu()
     assert calls == ["workspaces", "empty_cache"]
+
+
+def models_alive() -> int:
+    import gc
+
+    from transformers import PreTrainedModel
+
+    gc.collect()
+    return sum(1 for thing in gc.get_objects() if isinstance(thing, PreTrainedModel))
+
+
+def failing_quantizer(self, model, **kwargs):
+    raise RuntimeError("the quantizer failed after the weights were loaded")
+
+
+def failing_eval(self, *args, **kwargs):
+    raise RuntimeError("the model's own code failed after it was built")
+
+
+@pytest.mark.parametrize("where, target, replacement", [
+    ("in the quantizer", "transformers.quantizers.quantizer_bnb_4bit.Bnb4BitHfQuantizer._process_model_after_weight_loading",
+     failing_quantizer),
+    ("in the model after loading", "transformers.PreTrainedModel.eval", failing_eval),
+])
+def test_a_load_that_fails_partway_holds_nothing_afterwards_and_without_the_give_back_the_model_stays(
+        tiny_path, monkeypatch, where, target, replacement):
+    """The traceback of a failed load (which a notebook keeps) refers to the half-built model; loading gives it
+    back. The control, without the give-back, keeps a model alive. On a GPU the tier checks the memory itself."""
+    monkeypatch.setattr(target, replacement)
+    before = models_alive()
+    with pytest.raises(RuntimeError, match="failed") as caught:
+        loading.load_model("tiny", quant="nf4", ple="cpu", device="cpu")
+    assert models_alive() == before, where
+    monkeypatch.setattr(loading, "give_back_failed_load", lambda error: None)
+    try:
+        loading.load_model("tiny", quant="nf4", ple="cpu", device="cpu")
+    except RuntimeError as error:
+        kept = error  # as sys.last_value keeps it in a notebook
+    assert models_alive() > before, "the control should keep the half-built model alive"
+    del kept, caught
