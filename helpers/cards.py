@@ -8,11 +8,56 @@ PyTorch's allocator then refuses what the card could not hold.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from .errors import SimulatedCardError
 
-# what the planner's card table answers for (GB the allocator may use)
-CARDS = {"RTX 4060 (8 GB)": 8, "12 GB": 12, "Colab T4 (15 GB)": 15, "16 GB laptop": 16, "24 GB": 24}
+
+@dataclass(frozen=True)
+class Card:
+    """A GPU a learner brings: the memory the allocator may use (GB) and the memory bandwidth (GB/s, the vendor's
+    figure: a laptop's maker may clock its memory lower)."""
+    name: str
+    memory_gb: float
+    bandwidth_gb_s: float
+
+
+# The learners' cards, by memory; NVIDIA's specification pages give the memory and bus (bandwidth = bus width x
+# data rate). The T4 has 16 GB, of which Colab's driver leaves about 15 to PyTorch.
+LEARNER_CARDS = (
+    Card("GTX 1650", 4, 128),
+    Card("RTX 3050 Laptop 4 GB", 4, 192),
+    Card("RTX 2060", 6, 336),
+    Card("RTX 3050 6 GB", 6, 168),
+    Card("RTX 4050 Laptop", 6, 192),
+    Card("RTX 4060", 8, 272),
+    Card("RTX 4060 Laptop", 8, 256),
+    Card("RTX 3080 10 GB", 10, 760),
+    Card("RTX 3060 12 GB", 12, 360),
+    Card("RTX 4070", 12, 504),
+    Card("Colab T4", 15, 320),
+    Card("RTX 4060 Ti 16 GB", 16, 288),
+    Card("RTX A5000 Laptop 16 GB", 16, 448),  # the seed issue's card
+    Card("RTX 3090", 24, 936),
+    Card("RTX 4090", 24, 1008),
+)
+# every memory size a learner's card has, smallest first: what the notebooks must finish on
+CARD_SIZES_GB = tuple(sorted({card.memory_gb for card in LEARNER_CARDS}))
+
+
+def cards_with(memory_gb: float) -> tuple:
+    """The learners' cards of this much memory."""
+    return tuple(card for card in LEARNER_CARDS if card.memory_gb == memory_gb)
+
+
+def size_label(memory_gb: float) -> str:
+    """A card size named by the learners' cards of that size: "6 GB (RTX 2060, RTX 3050 6 GB, RTX 4050 Laptop)"."""
+    names = ", ".join(card.name for card in cards_with(memory_gb))
+    return f"{memory_gb:g} GB ({names})" if names else f"{memory_gb:g} GB"
+
+
+# what the planner's card table answers for (GB the allocator may use): each size, named by its cards
+CARDS = {size_label(gb): gb for gb in CARD_SIZES_GB}
 # the cards the benchmark simulates on a big GPU: RTX 4060, Colab T4 (15 GB usable), the seed
 # issue's 16 GB laptop card
 SIMULATED_CARDS_GB = (8, 15, 16)

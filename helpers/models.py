@@ -14,9 +14,9 @@ from .errors import CorruptCheckpointError, InvalidChoiceError, ModelNotFoundErr
 DEFAULT_MODEL = "tiny"
 MODEL_ENV = "GEMMA_MODEL"
 GEMMA4_MODEL_TYPES = {"gemma4", "gemma4_text"}
-# the same architecture, smaller: what a notebook compares live when a route does not fit the card
-# (the real E2B is a 10 GB download a notebook should not start on its own, so it is not listed)
-SMALLER_SIBLING = {"e4b-shape": "e2b-shape", "tiny": "tiny"}
+# the same architecture, smaller: what a notebook step runs live when the model does not fit the card (the real
+# E2B is a 10 GB download a notebook should not start on its own, so it is not listed); tiny has none
+SMALLER_SIBLING = {"e4b-shape": "e2b-shape", "e2b-shape": "tiny"}
 # a hub id ("google/gemma-4-E4B-it"), a folder, a synthetic name ("tiny"), or None for $GEMMA_MODEL
 Source = str | os.PathLike | None
 
@@ -38,8 +38,16 @@ def is_synthetic(source: Source = None) -> bool:
 
 
 def smaller_sibling(source: Source = None) -> str | None:
-    """A smaller checkpoint of the same architecture to run a live comparison on, or None."""
+    """A smaller checkpoint of the same architecture to run a live step on, or None."""
     return SMALLER_SIBLING.get(requested(source))
+
+
+def smaller_siblings(source: Source = None) -> list:
+    """Every smaller checkpoint of the same architecture, the largest first."""
+    found, name = [], requested(source)
+    while (name := SMALLER_SIBLING.get(name)) is not None:
+        found.append(name)
+    return found
 
 
 def check_checkpoint_folder(path: Path) -> Path:

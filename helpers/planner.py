@@ -32,7 +32,7 @@ from pathlib import Path
 from .cards import CARDS, SYSTEM_RAM_ALLOWANCE_BYTES
 from .errors import CourseError, require_bool, require_choice, require_module_names, require_positive_number, require_whole_number
 from .long_context import DEFAULT_CHUNK
-from .models import load_config
+from .models import load_config as _load_config
 from .paths import PLANNER_DIR
 from .placement import PLACEMENTS
 from .quantization import QUANTS
@@ -57,6 +57,17 @@ SEED_KEEP_BF16 = ("per_layer_model_projection", "per_layer_input_gate", "per_lay
                   "model.vision_tower", "model.audio_tower")
 
 
+@functools.lru_cache(maxsize=32)
+def _named_config(name: str):
+    return _load_config(name)
+
+
+def load_config(config):
+    """The config of a name, folder, hub id or config object; a name is read once per process (the planner asks
+    for the same few thousands of times)."""
+    return _named_config(config) if isinstance(config, str) else _load_config(config)
+
+
 def text_config_of(config):
     return getattr(config, "text_config", None) or config
 
@@ -76,19 +87,43 @@ def architecture_key(config) -> str:
 PATHS = ("plain", "tuned")  # a chunked prefill as generate runs it / with helpers.long_context.LongContext()
 
 
+@dataclass(frozen=True)
+class KVRates:
+    """Keys and values per token of the layers that own a cache: full-attention layers grow with the context,
+    sliding ones stop at the window."""
+    full_per_token: int
+    sliding_per_token: int
+    window: int
+
+    def bytes(self, context: int) -> int:
+        return self.full_per_token * context + self.sliding_per_token * min(context, self.window)
+
+
+def kv_rates(config, bytes_per_value: int = 2) -> KVRates:
+    """``KVRates`` of a config (read once: a planner bisection asks for thousands of contexts)."""
+    values = config_values(config)
+    layer_types = list(values["layer_types"])
+    owners = len(layer_types) - (values.get("num_kv_shared_layers") or 0)
+    full = sliding = 0
+    for kind, (heads, width) in zip(layer_types[:owners], _kv_heads_and_widths(config)):
+        if kind == "full_attention":
+            full += 2 * heads * width * bytes_per_value
+        else:
+            sliding += 2 * heads * width * bytes_per_value
+    return KVRates(full, sliding, values["sliding_window"])
+
+
+@functools.lru_cache(maxsize=32)
+def _named_kv_rates(name: str) -> KVRates:
+    return kv_rates(load_config(name))
+
+
 def kv_cache_bytes(config, context: int, bytes_per_value: int = 2, cache: str = "dynamic") -> int:
     """Bytes of keys and values after a prefill of ``context`` tokens (bf16 cache). Only the layers that own
     a cache count. ``cache="dynamic"`` (what ``generate`` builds): sliding layers counted at the window, one
     token more than ``DynamicSlidingWindowLayer`` keeps (an upper bound); ``cache="static"``
     (``StaticCache(max_cache_len=context)``): sliding layers hold exactly the window, full layers ``context``."""
-    values = config_values(config)
-    layer_types = list(values["layer_types"])
-    owners = len(layer_types) - (values.get("num_kv_shared_layers") or 0)
-    total = 0
-    for kind, (heads, width) in zip(layer_types[:owners], _kv_heads_and_widths(config)):
-        tokens = context if kind == "full_attention" else min(context, values["sliding_window"])
-        total += 2 * heads * width * tokens * bytes_per_value
-    return total
+    return kv_rates(config, bytes_per_value).bytes(context)
 
 
 def chunked_prefill_terms(config, context: int, chunk: int, path: str = "plain", bytes_per_value: int = 2) -> dict:
@@ -305,18 +340,19 @@ def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: 
     estimate = predict(config, quant, ple, context, keep_bf16, calibration=calibration,  # a name keeps its cache
                        prefill_chunk=prefill_chunk, path=path)
     prefill_chunk = estimate_chunk(estimate)
+    kv = _named_kv_rates(config) if isinstance(config, str) else None
     config = load_config(config)
     card = card_gb * 1e9
     loads = estimate.resident_bytes + GPU_HEADROOM_BYTES <= card
     if not loads:
         return CardVerdict(card_gb, False, False, None, estimate)
     profile = activation_profile(config, quant, calibration)
+    kv = kv or kv_rates(config)  # the same bytes for a dynamic and a static cache (kv_cache_bytes)
 
     def transient(n: int) -> float:
         if prefill_chunk is None:
-            return profile.bytes(n) + kv_cache_bytes(config, n)
-        return (profile.bytes(min(prefill_chunk, n)) + kv_cache_bytes(config, n, cache="static" if path == "tuned" else "dynamic")
-                + sum(chunked_prefill_terms(config, n, prefill_chunk, path).values()))
+            return profile.bytes(n) + kv.bytes(n)
+        return profile.bytes(min(prefill_chunk, n)) + kv.bytes(n) + sum(chunked_prefill_terms(config, n, prefill_chunk, path).values())
 
     def fits_in_card(n: int, reserve: float) -> bool:
         return estimate.resident_bytes + (1 + reserve) * transient(n) <= card
@@ -592,6 +628,173 @@ def predict_host(config, quant: str = "nf4", ple: str = "cpu", *, offload_after_
 def host_fits(estimate: HostEstimate, ram_bytes: float) -> bool:
     """Does the anonymous peak leave the system its share of this machine's RAM?"""
     return estimate.anon_generate_bytes + SYSTEM_RAM_ALLOWANCE_BYTES <= ram_bytes
+
+
+# --------------------------------------------------------------------------- what a notebook step runs on this card
+
+@dataclass(frozen=True)
+class Step:
+    """A notebook step that loads a model: what it shows, the setups it can show it with ((quant, ple), the most
+    wanted first), the longest prompt it prefills, and modules it keeps in bf16."""
+    title: str
+    setups: tuple
+    context: int = 64
+    keep_bf16: tuple = ()
+
+
+# Every live step of the notebooks, by notebook: one place for what each needs.
+STEPS = {
+    "02.converts": Step("what bitsandbytes converts", (("nf4", "gpu"), ("nf4", "cpu"))),
+    "02.skip-lists": Step("the llm_int8_skip_modules trials", (("nf4", "cpu"),), keep_bf16=("model.vision_tower",)),
+    "02.reference": Step("the bf16 reference the quantized models are compared with", (("bf16", "cpu"),)),
+    "03.auto": Step('device_map="auto" with bitsandbytes', (("nf4", "cpu"),)),
+    "03.course": Step('load_model(ple="cpu") and its placement report', (("nf4", "cpu"),)),
+    "03.cpu-entry": Step('a "cpu" entry in the device map', (("nf4", "cpu"),)),
+    "04.anatomy": Step("the loaded model's bytes by device and dtype", (("nf4", "cpu"),)),
+    "05.reference": Step("the PLE on the GPU, the reference of the identity check", (("nf4", "gpu"),), context=32 + 256),
+    "05.course": Step('the PLE on the CPU with load_model(ple="cpu")', (("nf4", "cpu"),)),
+    "06.profile": Step("prefill peaks against the planner", (("nf4", "cpu"),), context=8500),
+    "07.chat": Step("chatting with the model", (("nf4", "cpu"),), context=1024),
+    "08.transformers": Step("the transformers side of the llama.cpp comparison", (("nf4", "cpu"),), context=64),
+    "09.long": Step("long prompts, plain and tuned", (("nf4", "cpu"),), context=8192),
+    "09.decode": Step("decoding speed and its profile", (("nf4", "cpu"),), context=32 + 256),
+}
+MIN_CONTEXT = 64  # a shorter prompt than this shows nothing a step is about
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a step runs: ``model`` with ``quant`` and ``ple`` on prompts up to ``context`` tokens, or nothing (the
+    step shows recorded figures), and the sentence that says why."""
+    step: str
+    model: str | None
+    quant: str | None
+    ple: str | None
+    context: int | None
+    reason: str
+
+    def __bool__(self) -> bool:
+        return self.model is not None
+
+    def __str__(self) -> str:
+        return self.reason
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(self.reason)
+
+
+def _gpu_budget(device, card_gb) -> float | None:
+    """Bytes a load may use: a whole card of ``card_gb``, else what ``device`` has free now under any cap (None: the
+    CPU, no GPU limit)."""
+    import torch
+
+    from .cards import budget_bytes
+
+    if card_gb is not None:
+        return require_positive_number(card_gb, "card_gb") * 1e9
+    if device is None:
+        device = 0 if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    return None if device.type != "cuda" else float(budget_bytes(device))
+
+
+def _host_need(model: str, quant: str, ple: str, on_gpu: bool) -> int:
+    """Host memory the load holds while it generates: the calibrated GPU route, or every weight on a CPU."""
+    if on_gpu:
+        return predict_host(model, quant, ple).anon_generate_bytes
+    estimate = _named_weight_bytes(model, quant, ple, (), False) if isinstance(model, str) else weight_bytes(
+        meta_model(load_config(model)), quant, ple)
+    return estimate.gpu_bytes + estimate.cpu_bytes
+
+
+def choose(step: str, model=None, device=None, *, card_gb=None, context: int | None = None, ram_bytes=None) -> Choice:
+    """What ``step`` (a key of ``STEPS``) runs here: on the card in force (what ``device`` has free now, a simulated
+    card's cap included) or, with ``card_gb``, on an empty card of that size. In order: the model itself in each of
+    the step's setups, then in them with the longest prompt that fits (at least ``MIN_CONTEXT``), then each smaller
+    sibling the same way, else nothing, and the step shows recorded figures. ``context``: the prompt the step prefills,
+    where it depends on the model; ``ram_bytes``: the host memory free (default: what the machine has available)."""
+    import psutil
+
+    from .models import requested, smaller_siblings
+
+    require_choice(step, list(STEPS), "step")
+    wanted = STEPS[step]
+    context = wanted.context if context is None else require_whole_number(context, "context", minimum=1, unit="tokens")
+    name = requested(model)
+    budget = _gpu_budget(device, card_gb)
+    ram = psutil.virtual_memory().available if ram_bytes is None else require_positive_number(ram_bytes, "ram_bytes")
+    candidates = [name, *smaller_siblings(name)]
+    calibration = load_calibration()
+    first_need = None
+
+    def verdict(candidate, quant, ple, tokens):
+        tokens = min(tokens, text_config_of(load_config(candidate)).max_position_embeddings)
+        if budget is None:
+            return tokens, None
+        found = fits(candidate, budget / 1e9, quant, ple, tokens, wanted.keep_bf16, calibration=calibration)
+        need = found.estimate.resident_bytes + GPU_HEADROOM_BYTES
+        if not found.loads:
+            return None, need
+        if found.fits:
+            return tokens, need
+        return (found.safe_context if (found.safe_context or 0) >= MIN_CONTEXT else None), need
+
+    where = "the CPU (no GPU memory limit)" if budget is None else f"{budget / 1e9:.1f} GB free"
+    for candidate in candidates:
+        for shorter in (False, True):
+            for quant, ple in wanted.setups:
+                tokens, need = verdict(candidate, quant, ple, context)
+                first_need = first_need or need
+                if tokens is None or (tokens < context) != shorter:
+                    continue
+                host = _host_need(candidate, quant, ple, budget is not None) + SYSTEM_RAM_ALLOWANCE_BYTES
+                if host > ram:
+                    continue
+                setup = f"{candidate}, {quant}, PLE on {ple}"
+                how = f"{setup} ({need / 1e9:.1f} GB with headroom, {where})" if need else f"{setup} on {where}"
+                if candidate != name:
+                    how += (f": {name} needs {first_need / 1e9:.1f} GB" if first_need else f": {name} does not fit the host's memory")
+                    how += f", so {candidate}, the same architecture smaller, runs it"
+                if shorter:
+                    how += f", with prompts up to {tokens:,} tokens (a {context:,}-token one does not fit)"
+                return Choice(step, candidate, quant, ple, tokens, f"{wanted.title}: {how}.")
+    quant, ple = wanted.setups[0]
+    lacking = (f"{name}, {quant}, PLE on {ple} needs {first_need / 1e9:.1f} GB with headroom and {where}"
+               if first_need else f"{name} needs more host memory than the {ram / 1e9:.1f} GB available")
+    others = f" (nor does {', '.join(candidates[1:])}, the same architecture smaller)" if candidates[1:] else ""
+    return Choice(step, None, None, None, None,
+                  f"{wanted.title} does not run live here: {lacking}{others}; the recorded figures show it.")
+
+
+@dataclass
+class CoursePlan:
+    """``choose`` for every step of the course on one card: what runs live, and what is shown from records."""
+    card: str
+    choices: list
+
+    def rows(self) -> list:
+        return [(choice.step, STEPS[choice.step].title,
+                 f"{choice.model}, {choice.quant}, PLE on {choice.ple}, prompts up to {choice.context:,} tokens"
+                 if choice else "from records") for choice in self.choices]
+
+    def __str__(self) -> str:
+        width = max(len(title) for _, title, _ in self.rows())
+        return "\n".join([f"On {self.card}:", *(f"  {step:<16} {title:<{width}}  {what}" for step, title, what in self.rows())])
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        body = "".join(f"<tr><td>{step}</td><td>{title}</td><td>{what}</td></tr>" for step, title, what in self.rows())
+        return f"<p>On {self.card}:</p><table><tr><th>step</th><th>what it shows</th><th>runs</th></tr>{body}</table>"
+
+
+def course_plan(model=None, device=None, *, card_gb=None, ram_bytes=None) -> CoursePlan:
+    """What every live step of the course runs on this card (or an empty card of ``card_gb``): 00_setup shows it."""
+    budget = _gpu_budget(device, card_gb)
+    card = ("the CPU" if budget is None else f"a {card_gb:g} GB card" if card_gb is not None
+            else f"this GPU ({budget / 1e9:.1f} GB free)")
+    return CoursePlan(card, [choose(step, model, device, card_gb=card_gb, ram_bytes=ram_bytes) for step in STEPS])
 
 
 def main(argv=None) -> int:

@@ -289,3 +289,79 @@ def test_expandable_segments_reach_the_context_the_planner_expects_with_no_fragm
 
 def test_the_expandable_records_include_the_plain_path_where_fragmentation_costs_context():
     assert {r["configuration"]["path"] for r in EXPANDABLE} == {"plain", "tuned"}
+
+
+# what each live step of the notebooks runs on a card (planner.choose), for every card size a learner may own
+EVERY_CARD_GB = [gb / 2 for gb in range(8, 49)]  # 4 to 24 GB in half-gigabyte steps, not only the named cards
+PLENTY_OF_RAM = 64e9
+
+
+@pytest.mark.parametrize("model", ["e4b-shape", "e2b-shape"])
+def test_on_every_card_from_4_gb_each_step_runs_something_that_fits_it(model):
+    for card_gb in EVERY_CARD_GB:
+        for step, wanted in planner.STEPS.items():
+            choice = planner.choose(step, model, card_gb=card_gb, ram_bytes=PLENTY_OF_RAM)
+            assert choice, (card_gb, choice.reason)  # the synthetic shapes end in tiny, which fits every card
+            verdict = planner.fits(choice.model, card_gb, choice.quant, choice.ple, choice.context, wanted.keep_bf16)
+            assert verdict.loads and verdict.fits, (card_gb, step, choice.reason)
+            assert (choice.quant, choice.ple) in wanted.setups and choice.context >= planner.MIN_CONTEXT
+
+
+@pytest.mark.parametrize("card_gb", [4, 6, 8, 15, 24])
+def test_a_step_runs_the_model_itself_whenever_it_loads_and_a_smaller_sibling_only_when_it_does_not(card_gb):
+    for step, wanted in planner.STEPS.items():
+        choice = planner.choose(step, "e4b-shape", card_gb=card_gb, ram_bytes=PLENTY_OF_RAM)
+        itself = [planner.fits("e4b-shape", card_gb, quant, ple, wanted.context, wanted.keep_bf16)
+                  for quant, ple in wanted.setups]
+        runs = [v.fits or (v.loads and (v.safe_context or 0) >= planner.MIN_CONTEXT) for v in itself]
+        assert (choice.model == "e4b-shape") == any(runs), (card_gb, choice.reason)
+        if choice.model == "e4b-shape" and any(v.fits for v in itself):  # the most wanted setup that fits whole
+            assert wanted.setups.index((choice.quant, choice.ple)) == [v.fits for v in itself].index(True)
+
+
+def test_a_model_with_no_smaller_sibling_that_does_not_fit_runs_nothing_and_says_why_in_one_sentence():
+    choice = planner.choose("05.reference", "tiny", card_gb=0.5, ram_bytes=PLENTY_OF_RAM)  # tiny has no sibling
+    assert not choice and choice.model is None
+    assert choice.reason.startswith(planner.STEPS["05.reference"].title + " does not run live here: tiny, nf4, PLE on gpu")
+    assert "GB with headroom and 0.5 GB free" in choice.reason and choice.reason.count(". ") == 0
+
+
+def test_a_step_cuts_its_own_models_prompt_to_what_fits_before_it_turns_to_a_sibling():
+    wanted = planner.STEPS["09.long"]
+    card = next(gb for gb in EVERY_CARD_GB if planner.fits("e4b-shape", gb, "nf4", "cpu", 2048).fits)
+    assert not planner.fits("e4b-shape", card, "nf4", "cpu", wanted.context).fits
+    choice = planner.choose("09.long", "e4b-shape", card_gb=card, ram_bytes=PLENTY_OF_RAM)
+    assert choice.model == "e4b-shape" and 2048 <= choice.context < wanted.context and "prompts up to" in choice.reason
+    assert planner.fits("e4b-shape", card, "nf4", "cpu", choice.context).fits
+
+
+def test_a_step_that_needs_more_host_memory_than_there_is_runs_something_smaller():
+    roomy = planner.choose("02.reference", "e4b-shape", card_gb=24, ram_bytes=PLENTY_OF_RAM)
+    cramped = planner.choose("02.reference", "e4b-shape", card_gb=24, ram_bytes=3e9)
+    assert roomy.model == "e4b-shape" and cramped.model != "e4b-shape", cramped.reason
+
+
+def test_on_the_cpu_every_step_runs_the_model_itself():
+    plan = planner.course_plan("tiny", "cpu", ram_bytes=PLENTY_OF_RAM)
+    assert all(choice.model == "tiny" for choice in plan.choices) and len(plan.choices) == len(planner.STEPS)
+    assert "from records" not in str(plan)
+
+
+def test_the_course_plan_names_every_step_and_what_it_runs_on_a_card():
+    plan = planner.course_plan("e4b-shape", card_gb=4, ram_bytes=PLENTY_OF_RAM)
+    text, html = str(plan), plan._repr_html_()
+    assert text.startswith("On a 4 GB card") and all(step in text and step in html for step in planner.STEPS)
+    assert "e2b-shape" in text  # E4B does not fit a 4 GB card with its headroom
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(step="99.nothing"), "choose one of"),
+    (dict(step="05.reference", card_gb=-1), "card_gb"),
+    (dict(step="05.reference", context=0), "context"),
+    (dict(step="05.reference", ram_bytes="lots"), "ram_bytes"),
+])
+def test_bad_choices_are_refused_in_one_sentence(kwargs, message):
+    from helpers.errors import CourseError
+
+    with pytest.raises(CourseError, match=message):
+        planner.choose(model="tiny", **kwargs)
