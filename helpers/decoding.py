@@ -50,6 +50,7 @@ from . import placement
 from .errors import InvalidChoiceError, TunedDecodeError, require_bool, require_choice, require_whole_number
 from .long_context import cache_argument, new_cache
 from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
+from .quantization import QUANTS, quant_of
 from .weights import meta_model
 
 COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead")
@@ -100,8 +101,6 @@ class Decoder:
         """Refuse, before anything is loaded, a quantization these settings cannot decode: bitsandbytes' int8 layers
         pick their outlier columns on the host at every step (``if outliers.any()`` in its ``int8_vectorwise_quant``,
         0.50), which neither a CUDA graph nor a full Dynamo graph can hold."""
-        from .quantization import QUANTS
-
         require_choice(quant, QUANTS, "quant")
         if quant == "int8" and self.compile is not None:
             raise TunedDecodeError(f"Decoder(compile={self.compile!r}) cannot run bitsandbytes' int8 layers: they decide on "
@@ -387,8 +386,6 @@ class TunedGreedy:
             raise TunedDecodeError(f"transformers {transformers.__version__} cannot take the PLE rows from outside the model "
                               f"(Gemma4ForConditionalGeneration.forward has no per_layer_inputs): upgrade transformers "
                               f"(5.17 or later), or pass Decoder(ple_outside=False).")
-        from .quantization import quant_of
-
         settings.check_quant(quant_of(model))
         self.model, self.settings = model, settings
         self.hooks_removed = remove_hooks(model) if settings.remove_hooks else 0

@@ -178,3 +178,9 @@ class TunedDecodeError(CourseError):
     """The tuned decode (hooks off, static cache, CUDA graphs) asked of a model it cannot run on as loaded."""
 
     entry = "the-tuned-decode-refuses-a-model"
+
+
+class SyntheticInitError(CourseError):
+    """A model's init asks for something a synthetic build cannot draw the same on every machine."""
+
+    entry = "a-synthetic-build-refuses-a-models-init"

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from . import cards, decoding, loading, models, placement, quantization
-from .errors import CourseError
+from .errors import CourseError, InvalidChoiceError
 from .host_memory import PeakSampler, peak_rss_bytes
 from .long_context import DEFAULT_CHUNK, LongContext, longest_prompt
 from .planner import PATHS, decode_bytes_per_token, largest_true
@@ -239,7 +239,7 @@ def placeholders_emitted(model, greedy_tokens, *, boost: float = 1.125):
                 with torch.no_grad():
                     head.data[placeholder] = saved[placeholder]
             else:
-                raise CourseError(f"No step of {len(tokens)} could be made to emit placeholder {placeholder}; decode more "
+                raise InvalidChoiceError(f"No step of {len(tokens)} could be made to emit placeholder {placeholder}; decode more "
                                   f"tokens.")
         yield forced
     finally:

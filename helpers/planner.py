@@ -29,10 +29,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cards import CARDS, SYSTEM_RAM_ALLOWANCE_BYTES
+from .cards import CARDS, SYSTEM_RAM_ALLOWANCE_BYTES, budget_bytes
 from .errors import CourseError, require_bool, require_choice, require_module_names, require_positive_number, require_whole_number
 from .long_context import DEFAULT_CHUNK
 from .models import load_config as _load_config
+from .models import requested, smaller_siblings
 from .paths import PLANNER_DIR
 from .placement import PLACEMENTS
 from .quantization import QUANTS
@@ -688,8 +689,6 @@ def _gpu_budget(device, card_gb) -> float | None:
     CPU, no GPU limit)."""
     import torch
 
-    from .cards import budget_bytes
-
     if card_gb is not None:
         return require_positive_number(card_gb, "card_gb") * 1e9
     if device is None:
@@ -714,8 +713,6 @@ def choose(step: str, model=None, device=None, *, card_gb=None, context: int | N
     sibling the same way, else nothing, and the step shows recorded figures. ``context``: the prompt the step prefills,
     where it depends on the model; ``ram_bytes``: the host memory free (default: what the machine has available)."""
     import psutil
-
-    from .models import requested, smaller_siblings
 
     require_choice(step, list(STEPS), "step")
     wanted = STEPS[step]

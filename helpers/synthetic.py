@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import checksums
-from .errors import CourseError, InvalidChoiceError, require_bool, require_whole_number
+from .errors import CourseError, InvalidChoiceError, SyntheticInitError, require_bool, require_whole_number
 from .host_memory import peak_rss_bytes
 from .paths import BUILDS_DIR, CONFIG_DIR, cache_dir, cache_subfolder, writable_folder, write_text_atomically
 
@@ -617,7 +617,7 @@ def exact_random_init(streams: dict):
 
     def normal_(tensor, mean=0.0, std=1.0, generator=None):
         if id(tensor) not in streams:
-            raise CourseError(f"The synthetic build was asked to draw a tensor of shape {tuple(tensor.shape)} it has no "
+            raise SyntheticInitError(f"The synthetic build was asked to draw a tensor of shape {tuple(tensor.shape)} it has no "
                               f"stream for; draw whole parameters only.")
         key, start = streams[id(tensor)]
         with torch.no_grad():
@@ -627,7 +627,7 @@ def exact_random_init(streams: dict):
 
     def refused(function):
         def draw(tensor, *args, **kwargs):
-            raise CourseError(f"This model's init asks for {function}, which the synthetic build cannot draw the same "
+            raise SyntheticInitError(f"This model's init asks for {function}, which the synthetic build cannot draw the same "
                               f"on every machine; only normal_ is drawn exactly.")
         return draw
 
@@ -640,7 +640,7 @@ def exact_random_init(streams: dict):
         functions.clear()
         functions.update(saved)
     if not torch.equal(before, torch.random.get_rng_state()):
-        raise CourseError("This model's init drew from torch's random generator, whose bits depend on the machine; "
+        raise SyntheticInitError("This model's init drew from torch's random generator, whose bits depend on the machine; "
                           "the synthetic build draws only through transformers.initialization.normal_.")
 
 
