@@ -26,18 +26,18 @@ class Card:
 # data rate). The T4 has 16 GB, of which Colab's driver leaves about 15 to PyTorch.
 LEARNER_CARDS = (
     Card("GTX 1650", 4, 128),
-    Card("RTX 3050 Laptop 4 GB", 4, 192),
+    Card("RTX 3050 Laptop", 4, 192),
     Card("RTX 2060", 6, 336),
     Card("RTX 3050 6 GB", 6, 168),
     Card("RTX 4050 Laptop", 6, 192),
     Card("RTX 4060", 8, 272),
     Card("RTX 4060 Laptop", 8, 256),
-    Card("RTX 3080 10 GB", 10, 760),
-    Card("RTX 3060 12 GB", 12, 360),
+    Card("RTX 3080", 10, 760),
+    Card("RTX 3060", 12, 360),
     Card("RTX 4070", 12, 504),
     Card("Colab T4", 15, 320),
     Card("RTX 4060 Ti 16 GB", 16, 288),
-    Card("RTX A5000 Laptop 16 GB", 16, 448),  # the seed issue's card
+    Card("RTX A5000 Laptop", 16, 448),  # the seed issue's card
     Card("RTX 3090", 24, 936),
     Card("RTX 4090", 24, 1008),
 )
@@ -56,8 +56,8 @@ def size_label(memory_gb: float) -> str:
     return f"{memory_gb:g} GB ({names})" if names else f"{memory_gb:g} GB"
 
 
-# what the planner's card table answers for (GB the allocator may use): each size, named by its cards
-CARDS = {size_label(gb): gb for gb in CARD_SIZES_GB}
+# what the planner's card table answers for (GB the allocator may use): each size, with a card of that size
+CARDS = {f"{gb:g} GB, e.g. {cards_with(gb)[0].name}": gb for gb in CARD_SIZES_GB}
 # the cards the benchmark simulates on a big GPU: RTX 4060, Colab T4 (15 GB usable), the seed
 # issue's 16 GB laptop card
 SIMULATED_CARDS_GB = (8, 15, 16)

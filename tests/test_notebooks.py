@@ -117,3 +117,47 @@ def test_a_notebook_that_loads_a_model_ends_by_handing_the_gpu_back(path):
     sources = [cell.source for cell in cells(path)]
     if any("load_model(" in s for s in sources):
         assert "loading.release_gpu()" in sources[-1]
+
+
+CHOOSING = [path for path in NOTEBOOKS if "planner.choose(" in path.read_text()]
+# a card that holds nothing: every planner.choose in the kernel answers "does not run live"
+NOTHING_FITS = """
+from helpers import planner
+planner.choose = lambda step, *args, **kwargs: planner.Choice(
+    step, None, None, None, None, f"{planner.STEPS[step].title} does not run live here: the test's card holds nothing.")
+"""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_load_of_a_notebook_takes_its_model_from_the_planner_never_a_hard_coded_fallback(path):
+    for cell in cells(path):
+        for node in ast.walk(ast.parse(python_of(cell))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "load_model":
+                source = node.args[0] if node.args else None
+                chosen = isinstance(source, ast.Attribute) and source.attr == "model"  # a planner.Choice's model
+                assert chosen or ast.unparse(source) == "checkpoint", (path.name, ast.unparse(node))  # 08: the GGUF's own
+    text = path.read_text()
+    assert "smaller_sibling(" not in text and "will_load(" not in text  # the planner chooses, with the sibling
+
+
+@pytest.mark.parametrize("path", CHOOSING, ids=[path.name for path in CHOOSING])
+def test_a_notebook_finishes_when_no_step_fits_the_card_and_says_why_for_each_skipped_step(path):
+    """Every step skipped, as on a card too small for any of them: no later cell may need a name a skipped step
+    would have set, and each step says why it did not run."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    parameters = next(i for i, cell in enumerate(nb.cells) if "parameters" in cell.metadata.get("tags", []))
+    nb.cells.insert(parameters + 1, nbformat.v4.new_code_cell(NOTHING_FITS))
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    printed = "".join(output.get("text", "") for cell in nb.cells if cell.cell_type == "code" for output in cell.outputs)
+    steps = set(re.findall(r'planner\.choose\("([^"]+)"', "\n".join(cell.source for cell in cells(path))))
+    assert steps
+    for step in steps:
+        assert f"{planner_title(step)} does not run live here" in printed, (path.name, step)
+
+
+def planner_title(step: str) -> str:
+    from helpers import planner
+
+    return planner.STEPS[step].title
