@@ -19,7 +19,7 @@ LLAMA_CPP_SDIST := $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
 LLAMA_CPP_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
 export LLAMA_CPP_SOURCE := $(CURDIR)/$(LLAMA_CPP_DIR)/llama.cpp
 
-.PHONY: bench install lint llama-cpp test test-mutations test-cpu test-kernels test-notebooks test-matrix test-colab classroom-load browser-check docs test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards course lab gpu-wheels clean
+.PHONY: bench install lint llama-cpp test test-mutations test-cpu test-kernels test-notebooks test-matrix test-colab classroom-load browser-check docs test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards test-gpu-sweep course lab gpu-wheels clean
 
 $(VENV)/.installed: requirements.txt requirements-local.txt requirements-dev.txt pyproject.toml helpers/course.py
 	@# the same set-up as `python -m helpers.course setup --dev` from PowerShell: a CUDA torch where nvidia-smi
@@ -125,10 +125,16 @@ test-gpu-cards:
 	pids=""; for card in $(GPU_CARDS); do \
 		if [ $$card = uncapped ]; then card=; fi; i=0; \
 		for group in $(GPU_NOTEBOOK_GROUPS); do i=$$((i + 1)); \
-			NBVAL_COMMAND="GPU_RECORD=1 GEMMA_MODEL=$${GEMMA_MODEL:-e4b-shape} GPU_NOTEBOOK_GROUPS='$(GPU_NOTEBOOK_GROUPS)' make test-gpu-cards" \
+			NBVAL_COMMAND="GPU_RECORD=1 GEMMA_MODEL=$${GEMMA_MODEL:-e4b-shape} GPU_CARDS='$(GPU_CARDS)' GPU_NOTEBOOK_GROUPS='$(GPU_NOTEBOOK_GROUPS)' make test-gpu-cards" \
 			CARD_GB=$$card GPU_GROUP=-$$i OMP_NUM_THREADS=$$threads GPU_NOTEBOOKS="$$(echo notebooks/$$group*.ipynb)" \
 				$(MAKE) --no-print-directory test-gpu-notebooks & pids="$$pids $$!"; done; done; \
 	status=0; for pid in $$pids; do wait $$pid || status=1; done; exit $$status
+
+## make test-gpu-sweep SWEEP_PART=k: part k of the notebooks on every card size from 4 GB up and the whole GPU, both
+## shapes, a few cards per part so that each fits one 10-minute call (python tools/card_sweep.py --list names them)
+SWEEP_PART ?=
+test-gpu-sweep:
+	$(PYTHON_GPU) tools/card_sweep.py $(SWEEP_PART)
 
 ## make course: run every notebook top to bottom into build/ and summarise
 course: install

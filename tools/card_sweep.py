@@ -1,0 +1,55 @@
+"""The notebooks on every card size a learner brings, in parts that each fit one 10-minute call on an H200.
+
+Every size of ``helpers.cards.CARD_SIZES_GB`` (4 GB up) and the whole GPU, for e4b-shape and e2b-shape: a part is a
+few cards of one shape, run side by side by ``make test-gpu-cards`` (each card's notebooks in three groups, every
+kernel capped with CARD_GB) and recorded into data/gpu-tier/notebooks-<shape>.json, which the README renders as a
+card x notebook table.
+
+    python tools/card_sweep.py --list      # the parts, one line each
+    python tools/card_sweep.py 2           # run part 2 here (a GPU machine), recorded
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
+from helpers.cards import CARD_SIZES_GB  # noqa: E402
+
+SHAPES = ("e4b-shape", "e2b-shape")
+# three cards of nine notebook kernels each ran about four minutes side by side on the H200, plus both builds
+CARDS_PER_PART = 3
+
+
+def parts() -> list:
+    """(shape, cards) per part, in the order they run: every card size and "uncapped", for each shape."""
+    cards = [f"{gb:g}" for gb in CARD_SIZES_GB] + ["uncapped"]
+    return [(shape, tuple(cards[i:i + CARDS_PER_PART])) for shape in SHAPES for i in range(0, len(cards), CARDS_PER_PART)]
+
+
+def command(shape: str, cards: tuple) -> list:
+    return ["make", "--no-print-directory", "test-gpu-cards", f"GEMMA_MODEL={shape}", f"GPU_CARDS={' '.join(cards)}"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", nargs="?", type=int, help=f"the part to run, 1 to {len(parts())}")
+    parser.add_argument("--list", action="store_true", help="print the parts and their commands")
+    args = parser.parse_args(argv)
+    if args.list or args.part is None:
+        for number, (shape, cards) in enumerate(parts(), 1):
+            print(f"{number}: {shape} on {', '.join(c if c == 'uncapped' else c + ' GB' for c in cards)}: GPU_RECORD=1 "
+                  + " ".join(command(shape, cards)))
+        return 0
+    if not 1 <= args.part <= len(parts()):
+        parser.error(f"part {args.part} does not exist: choose 1 to {len(parts())} (--list names them)")
+    shape, cards = parts()[args.part - 1]
+    return subprocess.call(command(shape, cards), env={**os.environ, "GPU_RECORD": "1"})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
