@@ -9,7 +9,7 @@ from helpers import synthetic
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-@pytest.mark.parametrize("shape", ["e2b-shape", "e4b-shape"])
+@pytest.mark.parametrize("shape", ["tiny", "e2b-shape", "e4b-shape"])
 def test_a_shaped_build_on_this_machine_is_the_recorded_bytes(shape):
     recorded = synthetic.recorded_weights_sha256(shape)
     assert recorded, f"no sha256 recorded for {shape}: run python -m helpers.synthetic {shape} --force --record"
