@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from . import links
-from .errors import CourseError
+from .errors import CourseError, require_whole_number
 from .paths import CACHE_ENV, REPO_ROOT, venv_python
 
 VENV = REPO_ROOT / ".venv"
@@ -127,6 +127,8 @@ def setup(dev: bool = False, venv: Path = VENV) -> Path:
     _run([str(python), "-m", "pip", "install", "-q", "-r", str(requirements)], f"installing {requirements.name}")
     _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(REPO_ROOT)], "installing the helpers")
     (venv / INSTALLED_MARKER).write_text(requirements.name)
+    if configure_notebook_filter(python):
+        print("git compares notebooks without what opening them adds (.gitattributes, filter course-notebook)")
     print(f"Ready: {python}. Next: python -m helpers.course lab (JupyterLab) or python -m helpers.course test.")
     return python
 
@@ -153,9 +155,94 @@ def test(venv: Path = VENV) -> int:
     return 0
 
 
-def lab(venv: Path = VENV) -> int:
+def lab_command(python, *, port: int | None = None, browser: bool = True, as_root: bool = False, extra=()) -> list:
+    """The JupyterLab command ``lab`` runs: on notebooks/, on loopback (JupyterLab's default) unless ``extra`` says
+    otherwise, ``--allow-root`` where the process is root (containers, cloud machines), then ``extra`` as given."""
+    if port is not None:
+        require_whole_number(port, "port", minimum=1, maximum=65535)
+    command = [str(python), "-m", "jupyter", "lab", str(NOTEBOOKS_DIR)]
+    command += [f"--port={port}"] if port is not None else []
+    command += [] if browser else ["--no-browser"]
+    command += ["--allow-root"] if as_root else []
+    return command + list(extra)
+
+
+def running_as_root() -> bool:
+    """Root on Linux and macOS (Windows has no root user, and JupyterLab checks for none there)."""
+    if os.name != "nt":
+        return os.geteuid() == 0
+    return False
+
+
+def lab(venv: Path = VENV, *, port: int | None = None, browser: bool = True, extra=()) -> int:
     python = require_setup(venv)
-    return subprocess.run([str(python), "-m", "jupyter", "lab", str(NOTEBOOKS_DIR)], cwd=REPO_ROOT).returncode
+    as_root = running_as_root()
+    if as_root:
+        print("Running as root (a container or a cloud machine): JupyterLab is started with --allow-root.", flush=True)
+    return subprocess.run(lab_command(python, port=port, browser=browser, as_root=as_root, extra=extra),
+                          cwd=REPO_ROOT).returncode
+
+
+# What JupyterLab writes into a notebook as it opens it, which differs from machine to machine: the kernel's
+# language_info (its Python version) and the kernelspec of this machine's kernel. A notebook whose metadata already
+# says what the kernel reports is not marked changed, so it is not autosaved (jupyter/notebook#2123). The repository
+# keeps the venv's kernelspec and no language_info; the git filter `setup` configures writes this machine's
+# language_info into each notebook it checks out (smudge) and takes it out again (clean), so a notebook a learner only
+# opened is not "modified" and a later git pull does not conflict.
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+NOTEBOOK_FILTER = "course-notebook"
+
+
+def _notebook_text(nb: dict) -> str:
+    return json.dumps(nb, indent=1, sort_keys=True, separators=(",", ": "), ensure_ascii=False) + "\n"  # as nbformat
+
+
+def clean_notebook(text: str) -> str:
+    """A notebook's text without what opening it on a machine adds (as the repository keeps it)."""
+    nb = json.loads(text)
+    nb.setdefault("metadata", {}).pop("language_info", None)
+    nb["metadata"]["kernelspec"] = dict(KERNELSPEC)
+    return _notebook_text(nb)
+
+
+def smudge_notebook(text: str) -> str:
+    """A notebook's text with the language_info this Python's ipykernel reports, as JupyterLab would write it."""
+    from ipykernel.ipkernel import IPythonKernel
+
+    nb = json.loads(clean_notebook(text))
+    nb["metadata"]["language_info"] = json.loads(json.dumps(IPythonKernel.language_info))
+    return _notebook_text(nb)
+
+
+def write_notebook(nb, path) -> None:
+    """Write a notebook (an nbformat node) as the repository keeps it: ``clean_notebook``'s form, whole or not at all."""
+    import nbformat
+
+    from .paths import write_text_atomically
+
+    write_text_atomically(Path(path), clean_notebook(nbformat.writes(nb)))
+
+
+def configure_notebook_filter(python: Path, repo: Path = REPO_ROOT) -> bool:
+    """Tell this clone's git to keep notebooks through ``clean_notebook`` and check them out through
+    ``smudge_notebook`` (.gitattributes names the filter), and check out again the notebooks nobody has changed;
+    False where this is not a git checkout or git is missing."""
+    if not (repo / ".git").exists() or shutil.which("git") is None:
+        return False
+
+    def git(*args) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+    command = f'"{python}" -m helpers.course notebook'
+    for key, value in (("clean", f"{command}-clean"), ("smudge", f"{command}-smudge"), ("required", "false")):
+        git("config", f"filter.{NOTEBOOK_FILTER}.{key}", value)
+    changed = set(git("ls-files", "-m", "--", "notebooks").splitlines())
+    untouched = [name for name in git("ls-files", "--", "notebooks/*.ipynb").splitlines() if name not in changed]
+    for name in untouched:
+        (repo / name).unlink()
+    if untouched:
+        git("checkout", "--", *untouched)  # written again through the smudge filter, the index's stat refreshed
+    return True
 
 
 # ---------------------------------------------------------------- Colab
@@ -189,6 +276,7 @@ if importlib.util.find_spec("helpers") is None:
 if KEEP_MODEL_IN_DRIVE:
     from helpers import course
     course.use_drive_cache()'''
+
 BADGE_TAG = "colab-badge"
 COLAB_METADATA = {"accelerator": "GPU", "colab": {"provenance": [], "gpuType": "T4"}}
 
@@ -237,7 +325,7 @@ def render_colab_cells(write: bool = False) -> dict:
                 if cell.cell_type == "code" and "install" in cell.metadata.get("tags", []):
                     cell.source = install_cell()
             nb.metadata.update(json.loads(json.dumps(COLAB_METADATA)))
-            nbformat.write(nb, path)
+            write_notebook(nb, path)
             found = colab_drift(path)
         if found:
             drift[path.name] = found
@@ -277,10 +365,16 @@ def main(argv=None) -> int:
     setup_parser = sub.add_parser("setup", help="create .venv and install the course (a CUDA torch with an NVIDIA GPU)")
     setup_parser.add_argument("--dev", action="store_true", help="also the test tools (requirements-dev.txt)")
     sub.add_parser("test", help="ruff, the CPU tests and the notebooks under nbval")
-    sub.add_parser("lab", help="JupyterLab on notebooks/")
+    lab_parser = sub.add_parser("lab", help="JupyterLab on notebooks/ (other options are passed on to JupyterLab)")
+    lab_parser.add_argument("--port", type=int, help="the port JupyterLab listens on (default: its own, 8888 or the next free)")
+    lab_parser.add_argument("--no-browser", action="store_true", help="do not open a browser (print the link instead)")
+    sub.add_parser("notebook-clean", help="(git's filter) a notebook from stdin without what opening it added, to stdout")
+    sub.add_parser("notebook-smudge", help="(git's filter) a notebook from stdin with this kernel's language_info, to stdout")
     colab = sub.add_parser("colab", help="check (or --write) every notebook's Colab badge, metadata and install cell")
     colab.add_argument("--write", action="store_true")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "lab":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "setup":
             setup(dev=args.dev)
@@ -288,7 +382,11 @@ def main(argv=None) -> int:
         if args.command == "test":
             return test()
         if args.command == "lab":
-            return lab()
+            return lab(port=args.port, browser=not args.no_browser, extra=extra)
+        if args.command in ("notebook-clean", "notebook-smudge"):
+            transform = clean_notebook if args.command == "notebook-clean" else smudge_notebook
+            sys.stdout.buffer.write(transform(sys.stdin.buffer.read().decode("utf-8")).encode("utf-8"))  # no CRLF
+            return 0
         drift = render_colab_cells(write=args.write)
         for name, found in drift.items():
             print(f"{name}: {'; '.join(found)}")

@@ -1,8 +1,8 @@
-"""Render the README's results from the benchmark records (data/measurements/) and the GPU-tier
-records (data/gpu-tier/).
+"""Render the course's results from the records in data/: docs/results.md (every benchmark, GPU-tier and probe
+record) and the README's headline block (what each card can do, three figures), each between its markers.
 
-    python tools/render_results.py          # rewrite the block in README.md
-    python tools/render_results.py --check  # exit 1 if README.md is out of date
+    python tools/render_results.py          # rewrite both, whole or not at all
+    python tools/render_results.py --check  # exit 1 if either file differs from what the records give
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from helpers.paths import GPU_TIER_DIR, REPO_ROOT  # noqa: E402
 from tools import record_nbval  # noqa: E402  (the one reader of nbval's JUnit files)
 
 README = REPO_ROOT / "README.md"
+RESULTS = REPO_ROOT / "docs" / "results.md"
 START, END = "<!-- results:start (tools/render_results.py) -->", "<!-- results:end -->"
+HEADLINE_START, HEADLINE_END = "<!-- headline:start (tools/render_results.py) -->", "<!-- headline:end -->"
 ROUTE_LABELS = {
     "ple-gpu": "`load_model(ple=\"gpu\")`: `device_map={\"\": 0}`",
     "ple-cpu": "`load_model(ple=\"cpu\")`: per-module map, hook off, lookup on CPU",
@@ -586,20 +588,74 @@ def render() -> str:
     return f"{START}\n{body}\n{END}"
 
 
-def current_block(text: str) -> str:
-    start, end = text.index(START), text.index(END) + len(END)
-    return text[start:end]
+def render_headline() -> str:
+    """The README's first results: what E4B-shaped NF4 with the PLE on the CPU does on each learner's card (the
+    planner, calibrated on the records), and three recorded figures."""
+    from helpers import bench, cards, planner, records
+
+    lines = [HEADLINE_START, "| card | loads E4B NF4, PLE on the CPU | longest prompt in one prefill, safe | the course's steps on "
+             "E4B itself |",
+             "|---|---|---|---|"]
+    for size in cards.CARD_SIZES_GB:
+        verdict = planner.fits("e4b-shape", size, "nf4", "cpu", 1024)
+        plan = planner.course_plan("e4b-shape", card_gb=size, ram_bytes=64e9)
+        itself = sum(choice.model == "e4b-shape" for choice in plan.choices)
+        lines.append(f"| {cards.size_label(size)} | {'yes' if verdict.loads else 'no'} | "
+                     f"{f'{verdict.safe_context:,} tokens' if verdict.loads else '-'} | {itself} of {len(plan.choices)} |")
+    tier = records.gpu_tier("e4b-shape", "nf4")
+    gpu, cpu = tier["ple-gpu"], tier["ple-cpu"]
+    same = cpu["logits_vs_ple_gpu"]
+    speed = records.preset_records("decode-speed")
+    graphs, plain = speed.get("cudagraphs", {}), bench.plain_generate_rate(speed.get("cudagraphs", {}), speed.values())
+    goal = records.preset_records("long-context").get("tuned-128k-8gb", {})
+    check = goal.get("identity") or {}
+    lines += ["", f"- **The PLE table on the CPU:** {gb(gpu['resident_bytes'])} GB on the GPU becomes {gb(cpu['resident_bytes'])} GB, and "
+              f"the logits stay {'identical' if same['identical'] else 'DIFFERENT'} over {same['steps']} steps "
+              f"(`GPU_RECORD=1 make test-gpu-tier`, {cpu['gpu']}).",
+              f"- **Long prompts on an 8 GB card:** {positions_of(goal)} positions filled with "
+              f"{gb(goal.get('peak_generate_reserved_bytes'))} GB reserved, in chunks on the tuned path, logits "
+              f"{'identical to' if check.get('identical') else 'different from'} the same code uncapped "
+              f"(`make bench PRESET=long-context`).",
+              f"- **Decoding:** {graphs.get('decode_tokens_per_s')} tokens/s with the CUDA-graph step against "
+              f"{plain} for plain `generate`, {graphs.get('decode_tokens_per_s', 0) / plain:.1f}x in the same run "
+              f"(`make bench PRESET=decode-speed`).", HEADLINE_END]
+    return "\n".join(lines)
+
+
+def positions_of(record: dict) -> str:
+    from helpers.long_context import positions_written
+
+    c = record.get("configuration", {})
+    return f"{positions_written(c['greedy_context'], c['new_tokens']):,}" if c else "no"
+
+
+def between(text: str, start: str, end: str, name: str) -> tuple:
+    """(before, after) the block from ``start`` to ``end``; one sentence where the markers are not there once each."""
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise SystemExit(f"{name} must hold {start} and {end} once each, in that order: restore them, then run "
+                         f"python tools/render_results.py")
+    return text[:text.index(start)], text[text.index(end) + len(end):]
+
+
+def rendered(path: Path, start: str, end: str, block: str) -> str:
+    """``path``'s text with its block replaced: the whole file as it should be."""
+    before, after = between(path.read_text(), start, end, path.name)
+    return before + block + after
 
 
 def main(argv) -> int:
-    text = README.read_text()
-    fresh = render()
+    from helpers.paths import write_text_atomically
+
+    wanted = {README: rendered(README, HEADLINE_START, HEADLINE_END, render_headline()),
+              RESULTS: rendered(RESULTS, START, END, render())}
     if "--check" in argv:
-        if current_block(text) != fresh:
-            print("README.md results are out of date: run python tools/render_results.py")
+        stale = [path.relative_to(REPO_ROOT) for path, text in wanted.items() if path.read_text() != text]
+        if stale:
+            print(f"{', '.join(map(str, stale))} out of date with data/: run python tools/render_results.py")
             return 1
         return 0
-    README.write_text(text.replace(current_block(text), fresh))
+    for path, text in wanted.items():
+        write_text_atomically(path, text)
     return 0
 
 
