@@ -169,9 +169,8 @@ def lab_command(python, *, port: int | None = None, browser: bool = True, as_roo
 
 def running_as_root() -> bool:
     """Root on Linux and macOS (Windows has no root user, and JupyterLab checks for none there)."""
-    if os.name != "nt":
-        return os.geteuid() == 0
-    return False
+    effective_user = getattr(os, "geteuid", None)  # POSIX only
+    return effective_user is not None and effective_user() == 0
 
 
 def lab(venv: Path = VENV, *, port: int | None = None, browser: bool = True, extra=()) -> int:
