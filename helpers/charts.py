@@ -200,7 +200,8 @@ def decode_speeds(records: dict, ax=None):
     ax.bar_label(bars, fmt="%.1f", padding=3, fontsize=8)
     limits = [r["bandwidth_limit_tokens_per_s"] for r in records.values() if r.get("bandwidth_limit_tokens_per_s")]
     if limits:
-        ax.set_title(f"bandwidth limit of this GPU: {min(limits):,.0f} tokens/s (off the scale)", fontsize=9)
+        gpu = next((r["gpu"] for r in records.values() if r.get("gpu")), "the recorded GPU")
+        ax.set_title(f"bandwidth limit of the {gpu} the run recorded: {min(limits):,.0f} tokens/s (off the scale)", fontsize=9)
     ax.invert_yaxis()
     ax.set_xlabel("decode tokens/s, batch 1")
     return ax

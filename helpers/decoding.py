@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -527,7 +528,7 @@ def graph_breaks(model, ids: torch.Tensor, *, ple_outside: bool = True) -> dict:
         torch._dynamo.reset()
     reasons = []
     for reason in explained.break_reasons:
-        text = " ".join(str(reason.reason).split())
+        text = re.sub(r" at 0x[0-9a-f]+", "", " ".join(str(reason.reason).split()))  # the same reason on every run
         if text not in reasons:
             reasons.append(text)
     return {"graphs": explained.graph_count, "graph_breaks": explained.graph_break_count, "reasons": reasons[:5]}

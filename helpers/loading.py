@@ -142,14 +142,28 @@ class GPUStillInUseNotice(UserWarning):
 STILL_IN_USE_BYTES = 256 * 1024**2  # more than a prompt's worth of tensors: a model, or a model's outputs
 
 
-def release_gpu(*, warn: bool = True) -> dict:
+class MemoryLeft(dict):
+    """What ``release_gpu`` left on the GPU (``allocated_bytes``, ``reserved_bytes``; empty without one), shown as
+    one sentence where a notebook cell ends with it."""
+
+    def __str__(self) -> str:
+        if not self:
+            return "No CUDA GPU here: nothing to hand back."
+        return (f"GPU handed back: {self['allocated_bytes'] / 1e9:.2f} GB still allocated, "
+                f"{self['reserved_bytes'] / 1e9:.2f} GB reserved.")
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+
+def release_gpu(*, warn: bool = True) -> MemoryLeft:
     """After ``del model``: collect the garbage and hand PyTorch's cached blocks back to the driver,
     so the next load starts from an empty card. Returns the bytes still allocated and reserved, and
     warns when a model's worth is still allocated (a variable still refers to it)."""
     require_bool(warn, "warn")
     gc.collect()
     if not torch.cuda.is_available():
-        return {}
+        return MemoryLeft()
     # cuBLAS keeps a workspace per stream in the caching allocator, often carved out of a segment a
     # deleted model's weights had used; while it lives, empty_cache cannot hand that whole segment back
     # (5.5 GB of an 8 GB card after a bf16 E2B, tools/gpu_release_probe.py). torch's own helpers clear it so.
@@ -157,7 +171,7 @@ def release_gpu(*, warn: bool = True) -> dict:
     if clear_workspaces is not None:
         clear_workspaces()
     torch.cuda.empty_cache()
-    left = {"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved()}
+    left = MemoryLeft(allocated_bytes=torch.cuda.memory_allocated(), reserved_bytes=torch.cuda.memory_reserved())
     if warn and left["allocated_bytes"] > STILL_IN_USE_BYTES:
         warnings.warn(f"{left['allocated_bytes'] / 1e9:.2f} GB is still allocated on the GPU after release_gpu(): a "
                       f"variable still refers to a model or its outputs; `del` it, then call release_gpu() again.",

@@ -123,7 +123,9 @@ def reproducible_kernels() -> str:
     if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(False)
         settings.append("attention off cuDNN (torch.backends.cuda.enable_cudnn_sdp(False))")
-    return "; ".join(settings)
+    if not torch.cuda.is_available():
+        return "No CUDA GPU: the CPU's kernels repeat run to run by themselves (the GPU settings are made all the same)."
+    return "Reproducible GPU kernels: " + "; ".join(settings)
 
 
 def math_attention():

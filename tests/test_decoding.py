@@ -364,6 +364,7 @@ def test_reproducible_kernels_fix_cublas_and_keep_attention_off_cudnn_whose_runs
         torch.backends.cuda.enable_cudnn_sdp(True)
         said = measure.reproducible_kernels()
         assert not torch.backends.cuda.cudnn_sdp_enabled()
-        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and "cuDNN" in said
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert ("cuDNN" in said) if torch.cuda.is_available() else said.startswith("No CUDA GPU")
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
