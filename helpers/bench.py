@@ -271,8 +271,12 @@ def append_record(record: dict, directory: Path = MEASUREMENTS_DIR) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{record['configuration']['model']}.jsonl"
     kept = {key: value for key, value in record.items() if key != "logits_file"}  # a scratch file, gone after the run
-    with _APPEND_LOCK, open(target, "a") as handle:
-        handle.write(json.dumps(kept, sort_keys=True) + "\n")
+    with _APPEND_LOCK, open(target, "a+b") as handle:
+        handle.seek(0)
+        text = handle.read()
+        if text and not text.endswith(b"\n"):  # a line a kill cut short: the records end at the last newline
+            handle.truncate(text.rfind(b"\n") + 1)
+        handle.write((json.dumps(kept, sort_keys=True) + "\n").encode())
     return target
 
 

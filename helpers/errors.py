@@ -184,3 +184,9 @@ class SyntheticInitError(CourseError):
     """A model's init asks for something a synthetic build cannot draw the same on every machine."""
 
     entry = "a-synthetic-build-refuses-a-models-init"
+
+
+class RecordFileError(CourseError):
+    """A record file in data/ that is cut short or not JSON (a kill mid-write, a hand edit)."""
+
+    entry = "a-record-file-is-cut-short-or-not-json"

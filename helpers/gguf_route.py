@@ -125,25 +125,42 @@ def converter_dir() -> Path:
     return converter
 
 
+def _output_beside(source, dest) -> tuple:
+    """(the final path, the hidden sibling written first): a kill or a full disk mid-write leaves no file under the
+    final name that looks whole, and nothing ever writes over what it reads."""
+    if not isinstance(dest, (str, os.PathLike)) or not str(dest).strip():
+        raise LlamaCppRouteError(f"dest={dest!r} is not a file path; pass where the GGUF file should go.")
+    dest = Path(dest)
+    if dest.exists() and Path(source).exists() and dest.resolve() == Path(source).resolve():
+        raise LlamaCppRouteError(f"{dest} is also the file read: choose another name for the output, which would "
+                                 f"otherwise overwrite its own input.")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return dest, dest.with_name(f".{dest.name}.partial")
+
+
 def convert(checkpoint, outfile, outtype: str = "bf16") -> dict:
     """Run llama.cpp's ``convert_hf_to_gguf.py`` on a Hugging Face checkpoint folder, in a fresh process
-    (as on the command line). Returns the file, its size and how long it took."""
+    (as on the command line), written aside and renamed into place. Returns the file, its size and how long it took."""
     require_choice(outtype, OUT_TYPES, "outtype")
-    outfile = Path(outfile)
-    outfile.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(converter_dir() / CONVERTER), str(checkpoint), "--outfile", str(outfile), "--outtype", outtype]
+    outfile, aside = _output_beside(checkpoint, outfile)
+    command = [sys.executable, str(converter_dir() / CONVERTER), str(checkpoint), "--outfile", str(aside), "--outtype", outtype]
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:]
-        raise LlamaCppRouteError(f"llama.cpp's converter refused {checkpoint}: {last[0] if last else 'no message'} "
-                          f"(run `{' '.join(command)}` to see the whole log).")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:]
+            raise LlamaCppRouteError(f"llama.cpp's converter refused {checkpoint}: {last[0] if last else 'no message'} "
+                                     f"(run `{' '.join(command)}` to see the whole log).")
+        os.replace(aside, outfile)
+    finally:
+        aside.unlink(missing_ok=True)
     return {"path": outfile, "bytes": outfile.stat().st_size, "seconds": time.perf_counter() - started,
             "command": f"python {CONVERTER} CHECKPOINT --outfile {outfile.name} --outtype {outtype}"}
 
 
 def quantize(source, dest, kind: str = "Q4_K_M", threads: int | None = None) -> dict:
-    """``llama-quantize SOURCE DEST Q4_K_M`` through llama-cpp-python's binding of ``llama_model_quantize``."""
+    """``llama-quantize SOURCE DEST Q4_K_M`` through llama-cpp-python's binding of ``llama_model_quantize``, written
+    aside and renamed into place; never over ``source``."""
     require_llama_cpp()
     import llama_cpp
 
@@ -151,12 +168,18 @@ def quantize(source, dest, kind: str = "Q4_K_M", threads: int | None = None) -> 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind}")
     params.nthread = threads or os.cpu_count() or 1
+    dest, aside = _output_beside(source, dest)
     started = time.perf_counter()
-    with _captured_logs():
-        status = llama_cpp.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params))
-    if status != 0:
-        raise LlamaCppRouteError(f"llama_model_quantize returned {status} for {source}: check that it is a GGUF file in bf16, f16 or f32.")
-    return {"path": Path(dest), "bytes": Path(dest).stat().st_size, "seconds": time.perf_counter() - started}
+    try:
+        with _captured_logs():
+            status = llama_cpp.llama_model_quantize(str(source).encode(), str(aside).encode(), ctypes.byref(params))
+        if status != 0:
+            raise LlamaCppRouteError(f"llama_model_quantize returned {status} for {source}: check that it is a GGUF file "
+                                     f"in bf16, f16 or f32.")
+        os.replace(aside, dest)
+    finally:
+        aside.unlink(missing_ok=True)
+    return {"path": dest, "bytes": dest.stat().st_size, "seconds": time.perf_counter() - started}
 
 
 class _captured_logs:

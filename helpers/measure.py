@@ -48,6 +48,7 @@ from . import cards, decoding, loading, models, placement, quantization
 from .errors import CourseError, InvalidChoiceError
 from .host_memory import PeakSampler, peak_rss_bytes
 from .long_context import DEFAULT_CHUNK, LongContext, longest_prompt
+from .paths import write_text_atomically
 from .planner import PATHS, decode_bytes_per_token, largest_true
 from .records import environment
 from .weights import meta_model
@@ -616,7 +617,7 @@ def main(argv=None) -> int:
     )
     record.update(environment(), command=" ".join(["python -m helpers.measure", *(argv or sys.argv[1:])]))
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(record, indent=1))
+    write_text_atomically(args.json, json.dumps(record, indent=1))
     summary = {k: v for k, v in record.items() if k not in ("greedy_tokens", "versions")}
     print(json.dumps(summary))
     return 0

@@ -34,10 +34,10 @@ from .errors import CourseError, require_bool, require_choice, require_module_na
 from .long_context import DEFAULT_CHUNK
 from .models import load_config as _load_config
 from .models import requested, smaller_siblings
-from .paths import PLANNER_DIR
+from .paths import PLANNER_DIR, write_text_atomically
 from .placement import PLACEMENTS
 from .quantization import QUANTS
-from .records import gpu_tier_host, latest_records
+from .records import gpu_tier_host, latest_records, read_json
 from .weights import GPU_HEADROOM_BYTES, WeightEstimate, meta_model, weight_bytes
 
 CALIBRATION = PLANNER_DIR / "activations.json"
@@ -167,7 +167,7 @@ def _read_calibration(path, what: str, measured_by: str) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No {what} at {path}: run `python -m helpers.planner calibrate` after `{measured_by}` on a GPU.")
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 def load_calibration(path=CALIBRATION) -> dict:
@@ -816,8 +816,8 @@ def _run(args) -> int:
     if args.command == "calibrate":
         calibration = calibrate(latest_records())
         CALIBRATION.parent.mkdir(parents=True, exist_ok=True)
-        CALIBRATION.write_text(json.dumps(calibration, indent=1, sort_keys=True) + "\n")
-        HOST_CALIBRATION.write_text(json.dumps(calibrate_host(host_records()), indent=1, sort_keys=True) + "\n")
+        write_text_atomically(CALIBRATION, json.dumps(calibration, indent=1, sort_keys=True) + "\n")
+        write_text_atomically(HOST_CALIBRATION, json.dumps(calibrate_host(host_records()), indent=1, sort_keys=True) + "\n")
         print(f"wrote {CALIBRATION} ({len(calibration['architectures'])} architectures, "
               f"allocator reserve {calibration['allocator_reserve']:.1%}, worst {calibration['allocator_reserve_worst']:.1%})")
         return 0

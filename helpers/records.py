@@ -6,21 +6,55 @@ from __future__ import annotations
 
 import datetime
 import json
+import warnings
 from pathlib import Path
 
-from .errors import InvalidChoiceError
+from .errors import InvalidChoiceError, RecordFileError
 from .long_context import positions_written
 from .paths import CHAT_DIR, CITED_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR, write_text_atomically
+
+
+class CutRecordNotice(UserWarning):
+    """A record file ends in a line a kill cut short: it is skipped, and the next append removes it."""
+
+
+def record_lines(path: Path) -> list:
+    """The JSON records of one ``.jsonl`` file. A last line without its newline that does not parse was cut by a kill
+    mid-append: it is skipped, with a notice. Any other line that does not parse is refused in one sentence."""
+    text = Path(path).read_text()
+    lines = text.split("\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):  # no newline after it: the append was cut short
+                warnings.warn(f"{path}: its last line was cut short by a kill mid-append and is skipped; the next "
+                              f"record appended removes it.", CutRecordNotice, stacklevel=3)
+                continue
+            raise RecordFileError(f"{path} line {number} is not a JSON record: restore the file from git "
+                                     f"(git checkout -- {Path(path).name}) or delete that line.") from None
+    return records
+
+
+def read_json(path) -> dict:
+    """A JSON record file, or one sentence where it is cut short or not JSON (a kill mid-write, a hand edit)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise RecordFileError(f"{path} is not whole JSON ({error.msg} at line {error.lineno}): restore it with git checkout "
+                                 f"-- {path.name}, or run again the command that wrote it.") from None
 
 
 def every_record(directory: Path = MEASUREMENTS_DIR, preset: str | None = None):
     """Every benchmark record, in file order (``preset``: that preset's only)."""
     for path in sorted(Path(directory).glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                record = json.loads(line)
-                if not preset or record.get("preset") == preset:
-                    yield record
+        for record in record_lines(path):
+            if not preset or record.get("preset") == preset:
+                yield record
 
 
 def latest_records(directory: Path = MEASUREMENTS_DIR, preset: str | None = None) -> list:
@@ -160,7 +194,7 @@ def gpu_tier(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU
     path = Path(directory) / f"{model}-{quant}.json"
     if not path.is_file():
         raise FileNotFoundError(f"No recorded GPU measurements at {path}: run `GPU_RECORD=1 make test-gpu` on a GPU.")
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 # anonymous and file-backed peaks of load and generate: every benchmark record carries them (bench.RECORD_KEYS)
@@ -196,7 +230,7 @@ def gpu_tier_file(name: str, directory: Path = GPU_TIER_DIR) -> dict:
     path = Path(directory) / name
     if not path.is_file():
         raise FileNotFoundError(f"No GPU record {path}: it is written by a GPU run (see the README's GPU tier).")
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 def gguf_route(model: str = "e4b-shape", directory: Path = GGUF_DIR) -> dict:
@@ -204,17 +238,17 @@ def gguf_route(model: str = "e4b-shape", directory: Path = GGUF_DIR) -> dict:
     path = Path(directory) / f"{model}.json"
     if not path.is_file():
         raise FileNotFoundError(f"No llama.cpp record at {path}: run `python -m helpers.gguf_route measure {model} --record`.")
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 def cited_route_comparison(directory: Path = GGUF_DIR) -> dict:
     """The seed article's comparison of the two routes, as it stands (cited, not measured)."""
-    return json.loads((Path(directory) / "cited.json").read_text())
+    return read_json(Path(directory) / "cited.json")
 
 
 def cited_decode_speeds(directory: Path = CITED_DIR) -> dict:
     """Published decode speeds of other routes, the anchors the course's own speeds stand beside (cited, not measured)."""
-    return json.loads((Path(directory) / "decode-speeds.json").read_text())
+    return read_json(Path(directory) / "decode-speeds.json")
 
 
 def plain_string_outcomes(directory: Path = CHAT_DIR) -> list:
@@ -222,7 +256,7 @@ def plain_string_outcomes(directory: Path = CHAT_DIR) -> list:
     path = Path(directory) / "plain-string-content.json"
     if not path.is_file():
         raise FileNotFoundError(f"No record at {path}: run `python tools/probe_plain_strings.py 5.5.2 5.7.0`.")
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 def environment() -> dict:

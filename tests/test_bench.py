@@ -414,3 +414,33 @@ def test_a_speed_up_under_a_card_cap_is_a_ratio_of_plain_generate_under_the_same
 def test_a_speed_up_asked_of_something_that_is_not_a_benchmark_record_is_refused_in_one_sentence(record):
     with pytest.raises(InvalidChoiceError, match="is not a benchmark record; pass a dict helpers.bench recorded"):
         bench.plain_generate_rate(record, [])
+
+
+def test_a_record_line_a_kill_cut_short_is_skipped_with_a_notice_and_the_next_append_removes_it(tmp_path):
+    import warnings
+
+    from helpers import records
+
+    whole = {"preset": "quick", "configuration": {"model": "tiny", "quant": "nf4", "ple": "cpu", "card_gb": None},
+             "recorded_at": "2026-12-01T00:00:00"}
+    bench.append_record(whole, tmp_path)
+    target = tmp_path / "tiny.jsonl"
+    target.write_text(target.read_text() + '{"preset": "quick", "configur')  # the kill, mid-append
+    with pytest.warns(records.CutRecordNotice, match="cut short"):
+        assert list(records.every_record(tmp_path)) == [whole]
+    bench.append_record({**whole, "recorded_at": "2026-12-02T00:00:00"}, tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # repaired: no notice any more
+        assert [r["recorded_at"] for r in records.every_record(tmp_path)] == ["2026-12-01T00:00:00", "2026-12-02T00:00:00"]
+    target.write_text('{"broken\n' + target.read_text())  # the control: a bad line that is not the last is refused
+    with pytest.raises(CourseError, match="line 1 is not a JSON record"):
+        list(records.every_record(tmp_path))
+
+
+def test_a_record_file_cut_short_is_refused_in_one_sentence_that_names_the_fix(tmp_path):
+    from helpers import records
+
+    cut = tmp_path / "e4b-shape-nf4.json"
+    cut.write_text('{"ple-gpu": {"resident_bytes": 95')
+    with pytest.raises(CourseError, match="not whole JSON.*git checkout -- e4b-shape-nf4.json"):
+        records.gpu_tier("e4b-shape", "nf4", directory=tmp_path)

@@ -7,6 +7,7 @@ Needs llama-cpp-python, gguf and llama.cpp's converter (``make llama-cpp`` insta
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +160,42 @@ def test_a_layer_order_llama_cpp_cannot_share_kv_over_is_refused_before_it_abort
 @needs_llama_cpp
 def test_the_tiny_gguf_passes_the_kv_sharing_order_check(gguf_files):
     gguf_route.check_kv_sharing_order(gguf_files["q4"]["path"])
+
+
+@needs_llama_cpp
+def test_quantizing_a_file_onto_itself_is_refused_and_the_source_is_left_whole(gguf_files):
+    source = gguf_files["bf16"]["path"]
+    before = source.read_bytes()
+    with pytest.raises(CourseError, match="overwrite its own input"):
+        gguf_route.quantize(source, source)
+    assert source.read_bytes() == before
+
+
+@needs_llama_cpp
+def test_a_quantization_that_fails_midway_leaves_no_file_under_the_final_name(gguf_files, tmp_path, monkeypatch):
+    import llama_cpp
+
+    def cut_short(source, dest, params):  # writes part of its output, then fails, as a full disk would
+        with open(dest, "wb") as handle:
+            handle.write(b"GGUF" + b"\0" * 100)
+        return 1
+
+    monkeypatch.setattr(llama_cpp, "llama_model_quantize", cut_short)
+    dest = tmp_path / "cut.gguf"
+    with pytest.raises(CourseError, match="returned 1"):
+        gguf_route.quantize(gguf_files["bf16"]["path"], dest)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_conversion_that_fails_midway_leaves_no_file_under_the_final_name(tiny_path, tmp_path, monkeypatch):
+    import subprocess
+
+    def cut_short(command, **kwargs):  # the converter wrote part of its output, then died
+        Path(command[command.index("--outfile") + 1]).write_bytes(b"GGUF")
+        return subprocess.CompletedProcess(command, 1, "", "OSError: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(gguf_route.subprocess, "run", cut_short)
+    monkeypatch.setattr(gguf_route, "converter_dir", lambda: tmp_path)
+    with pytest.raises(CourseError, match="No space left"):
+        gguf_route.convert(tiny_path, tmp_path / "out" / "tiny.gguf")
+    assert list((tmp_path / "out").iterdir()) == []

@@ -237,3 +237,34 @@ def test_the_trim_probes_paragraph_says_what_each_comparison_found_and_never_cal
     assert "cut against plain `generate`, identical; the tuned path as it is against plain, differ (max |diff| 0.1)" in text
     assert ("cut one position short, differ (max |diff| 0.2)" in text) is control_told_apart
     assert "1.50x as fast" in text and "0.50 GB more peak allocated" in text
+
+
+def test_a_rendered_page_cut_short_fails_the_check_and_a_render_cut_short_leaves_the_old_page(tmp_path, monkeypatch):
+    """--check compares each whole file, so half a README (a full disk, a kill) cannot pass; the renderer writes aside
+    and renames, so a write that fails leaves the page as it was."""
+    import errno
+
+    tool = _tool("render_results")
+    readme, results = tmp_path / "README.md", tmp_path / "results.md"
+    readme.write_text((ROOT / "README.md").read_text())
+    results.write_text((ROOT / "docs" / "results.md").read_text())
+    monkeypatch.setattr(tool, "README", readme)
+    monkeypatch.setattr(tool, "RESULTS", results)
+    assert tool.main(["--check"]) == 0
+    whole = readme.read_text()
+    readme.write_text(whole[: len(whole) // 2])  # the control: half a README
+    with pytest.raises(SystemExit, match="headline"):
+        tool.main(["--check"])
+    readme.write_text(whole.replace("## More", "## Mor", 1))  # prose outside the blocks is compared too
+    assert tool.main(["--check"]) == 0  # hand-written prose is the author's: only the blocks are rendered
+    readme.write_text(whole.replace("| yes |", "| no |", 1))  # a typed figure inside a block is caught
+    assert tool.main(["--check"]) == 1
+
+    def full_disk(self, text, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        tool.main([])
+    monkeypatch.undo()
+    assert readme.read_text() == whole.replace("| yes |", "| no |", 1) and not list(tmp_path.glob(".*partial"))

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a clone: helpers without an install
 from helpers import links  # noqa: E402
-from helpers.paths import CLASSROOM_DIR, COURSE_RUNS_DIR, GPU_TIER_DIR  # noqa: E402
+from helpers.paths import CLASSROOM_DIR, COURSE_RUNS_DIR, GPU_TIER_DIR, write_text_atomically  # noqa: E402
 
 GUIDE = ROOT / links.INSTRUCTOR_GUIDE
 FIGURES = ROOT / "docs" / "figures"
@@ -216,7 +216,7 @@ def main(argv) -> int:
             return 1
         return 0
     GUIDE.parent.mkdir(parents=True, exist_ok=True)
-    GUIDE.write_text(fresh)
+    write_text_atomically(GUIDE, fresh)  # whole or not at all: a full disk leaves the old guide
     for path in figures():
         print(f"wrote {path.relative_to(ROOT)}")
     print(f"wrote {GUIDE.relative_to(ROOT)}")

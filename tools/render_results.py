@@ -7,7 +7,6 @@ record) and the README's headline block (what each card can do, three figures), 
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -566,24 +565,27 @@ def render_release_probe(probe: dict) -> str:
 
 
 def render() -> str:
+    from helpers import records
+
     blocks = [render_benchmark(), render_issue15()]
     for path in sorted(GPU_TIER_DIR.glob("*.json")):
+        record = records.read_json(path)  # one sentence where a kill cut it short
         if path.stem.startswith("notebooks-"):
-            blocks.append(render_notebooks(json.loads(path.read_text())))
+            blocks.append(render_notebooks(record))
         elif path.stem == "make-test-gpu":
-            blocks.append(render_gpu_run(json.loads(path.read_text())))
+            blocks.append(render_gpu_run(record))
         elif path.stem.startswith("host-"):
-            blocks.append(render_host(path.stem, json.loads(path.read_text())))
+            blocks.append(render_host(path.stem, record))
         elif path.stem.startswith("release-probe-"):
-            blocks.append(render_release_probe(json.loads(path.read_text())))
+            blocks.append(render_release_probe(record))
         elif path.stem.startswith("determinism-"):
-            blocks.append(render_determinism(json.loads(path.read_text())))
+            blocks.append(render_determinism(record))
         elif path.stem.startswith(CAPTURE_PROBE):
-            blocks.append(render_capture_probe(json.loads(path.read_text())))
+            blocks.append(render_capture_probe(record))
         elif path.stem.startswith(TRIM_PROBE):
-            blocks.append(render_trim_probe(path.stem.removeprefix(TRIM_PROBE), json.loads(path.read_text())))
+            blocks.append(render_trim_probe(path.stem.removeprefix(TRIM_PROBE), record))
         else:
-            blocks.append(render_record_set(path.stem, json.loads(path.read_text())))
+            blocks.append(render_record_set(path.stem, record))
     body = "\n\n".join(blocks) if blocks else "_No GPU records yet: run `GPU_RECORD=1 make test-gpu` on a GPU._"
     return f"{START}\n{body}\n{END}"
 
@@ -649,7 +651,7 @@ def main(argv) -> int:
     wanted = {README: rendered(README, HEADLINE_START, HEADLINE_END, render_headline()),
               RESULTS: rendered(RESULTS, START, END, render())}
     if "--check" in argv:
-        stale = [path.relative_to(REPO_ROOT) for path, text in wanted.items() if path.read_text() != text]
+        stale = [path.name for path, text in wanted.items() if path.read_text() != text]
         if stale:
             print(f"{', '.join(map(str, stale))} out of date with data/: run python tools/render_results.py")
             return 1
