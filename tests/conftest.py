@@ -5,6 +5,27 @@ import os
 import pytest
 
 
+def pytest_configure(config):
+    """Under ATEN_CPU_CAPABILITY forced below the hardware's (make test-kernels), torch 2.13's CPU flash attention
+    for bf16 packs its inputs for the AMX/AVX-512 hardware it detects and then refuses to, in the lower-capability
+    build it runs ("pack_vnni2 is only supported when avx512 is supported"): a machine that really is AVX2 never takes
+    that path. Where the probe meets it, attention runs on the other CPU kernels (math) for this session."""
+    if not os.environ.get("ATEN_CPU_CAPABILITY"):
+        return
+    import torch
+
+    query = torch.zeros(1, 2, 128, 64, dtype=torch.bfloat16)  # large enough for the packed path
+    try:
+        torch.nn.functional.scaled_dot_product_attention(query, query, query)
+    except RuntimeError as error:
+        if "pack_vnni2" not in str(error):
+            raise
+        torch.backends.cuda.enable_flash_sdp(False)  # the flag the CPU's dispatch reads too
+        config.issue_config_time_warning(pytest.PytestWarning(
+            f"ATEN_CPU_CAPABILITY={os.environ['ATEN_CPU_CAPABILITY']} on this AMX machine: torch's bf16 flash attention "
+            f"refuses to run ({error}); attention runs on the math kernel for this session."), stacklevel=2)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_course_cache(tmp_path_factory):
     """Synthetic checkpoints go to a per-session folder, not the learner's ~/.cache."""
