@@ -27,7 +27,10 @@ from .errors import (
     InsufficientGPUMemoryError,
     InvalidChoiceError,
     ReplyInProgressError,
+    require_bool,
     require_choice,
+    require_positive_number,
+    require_whole_number,
 )
 from .placement import compute_device_of
 
@@ -120,7 +123,8 @@ def render(processor, messages, *, enable_thinking: bool = False, chat_template:
     """Render ``messages`` with the processor's chat template (or ``chat_template``) and tokenize it,
     as ``generate`` will see it: ``apply_chat_template(..., tokenize=True, return_dict=True)``."""
     messages = check_messages(messages, plain_strings=plain_strings)
-    options = dict(add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
+    options = dict(add_generation_prompt=require_bool(add_generation_prompt, "add_generation_prompt"),
+                   enable_thinking=require_bool(enable_thinking, "enable_thinking"))
     if chat_template is not None:
         options["chat_template"] = chat_template
     text = processor.apply_chat_template(messages, tokenize=False, **options)
@@ -218,8 +222,13 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.temperature is not None and not self.temperature > 0:
+        require_bool(self.do_sample, "do_sample")
+        if self.seed is not None:
+            require_whole_number(self.seed, "seed", minimum=0)
+        if isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool) and self.temperature <= 0:
             raise InvalidChoiceError(f"temperature={self.temperature} must be above 0: use Sampling.greedy() for the likeliest token.")
+        if self.temperature is not None:
+            require_positive_number(self.temperature, "temperature")  # not True, not inf
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise InvalidChoiceError(f"top_p={self.top_p} must be in (0, 1]: 1 keeps every token, 0.9 the likeliest 90%.")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
@@ -363,7 +372,8 @@ class Chat:
         self.model, self.processor, self.tokenizer = model, processor, text_of(processor)
         self.sampling = sampling if sampling is not None else Sampling.from_checkpoint(model)
         self.max_new_tokens = _check_new_tokens(max_new_tokens)
-        self.enable_thinking, self.plain_strings, self.chat_template = enable_thinking, plain_strings, chat_template
+        self.enable_thinking = require_bool(enable_thinking, "enable_thinking")
+        self.plain_strings, self.chat_template = plain_strings, chat_template
         start = [{"role": "system", "content": [_text_part(system)]}] if system else []
         self.history = check_messages([*start, *(history or [])], plain_strings=plain_strings) if (start or history) else []
         self._current: Turn | None = None
@@ -388,7 +398,7 @@ class Chat:
                               "pip install torchvision (matching your torch), then load the processor again.")
         prompt = render(self.processor, messages, enable_thinking=self.enable_thinking,
                         chat_template=self.chat_template, plain_strings=self.plain_strings)
-        turn = Turn(self, messages, prompt, _check_new_tokens(max_new_tokens or self.max_new_tokens))
+        turn = Turn(self, messages, prompt, _check_new_tokens(self.max_new_tokens if max_new_tokens is None else max_new_tokens))
         self._current = turn
         if display:
             from IPython.display import display as show

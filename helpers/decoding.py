@@ -216,6 +216,25 @@ def supports_ple_outside(model) -> bool:
     return "per_layer_inputs" in inspect.signature(model.forward).parameters
 
 
+def require_prompt(model, ids) -> torch.Tensor:
+    """``ids`` if they are one prompt the model can read: a (1, n) integer tensor, n at least 1, each id in its
+    vocabulary, the prompt within its positions; one sentence otherwise."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise InvalidChoiceError(f"ids={shape} is not one prompt of token ids; pass a (1, n) integer tensor, as "
+                                 f"tokenizer(text, return_tensors='pt')['input_ids'] gives.")
+    if ids.shape[0] != 1:
+        raise InvalidChoiceError(f"The decode runs batch 1; got a batch of {ids.shape[0]}: pass one prompt.")
+    if ids.shape[1] == 0:
+        raise InvalidChoiceError("ids is an empty prompt; pass at least one token (the tokenizer's bos_token_id).")
+    text = model.config.get_text_config()
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= text.vocab_size:
+        raise InvalidChoiceError(f"ids holds {low if low < 0 else high}, outside the vocabulary of {text.vocab_size:,}: "
+                                 f"tokenize with this model's own tokenizer.")
+    return ids
+
+
 @dataclass
 class GreedyRun:
     tokens: list
@@ -452,9 +471,10 @@ class TunedGreedy:
         (default: prompt and new tokens), for a short run on the cache, and so the graphs, of a longer one; a
         different length changes the padded attention, so logits are compared only at the same length."""
         new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
-        if ids.shape[0] != 1:
-            raise InvalidChoiceError(f"The tuned decode runs batch 1; got a batch of {ids.shape[0]}: pass one prompt.")
-        ids = ids.to(self.device)
+        ids = require_prompt(self.model, ids).to(self.device)
+        require_whole_number(ids.shape[1] + new_tokens - 1, "the prompt and new tokens",
+                             maximum=self.model.config.get_text_config().max_position_embeddings,
+                             maximum_is="the model's max_position_embeddings")
         total = ids.shape[1] + new_tokens
         if cache_length is not None and require_whole_number(cache_length, "cache_length", unit="tokens") < total:
             raise InvalidChoiceError(f"cache_length={cache_length} cannot hold the prompt and the new tokens ({total}): "
@@ -484,8 +504,11 @@ class TunedGreedy:
 def plain_greedy(model, ids: torch.Tensor, new_tokens: int, *, static_cache: bool = False, keep_logits: bool = False) -> GreedyRun:
     """``generate`` as the course runs it (greedy, exactly ``new_tokens``), timed the same way as ``TunedGreedy``
     (the prefill apart: ``generate``'s first step); ``static_cache`` passes a ``StaticCache``."""
+    new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
+    require_bool(static_cache, "static_cache")
+    require_bool(keep_logits, "keep_logits")
     device = placement.compute_device_of(model)
-    ids = ids.to(device)
+    ids = require_prompt(model, ids).to(device)
     extra = {cache_argument(model): new_cache(model, "static", ids.shape[1] + new_tokens)} if static_cache else {}
     common = dict(attention_mask=torch.ones_like(ids), do_sample=False, return_dict_in_generate=True)
     with torch.no_grad():
@@ -562,6 +585,10 @@ def profile(run, trace_path, steps: int, device) -> ProfileSummary:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    if not callable(run):
+        raise InvalidChoiceError(f"run={run!r} is not something to call; pass a function of no arguments, e.g. "
+                                 f"functools.partial(decoding.plain_greedy, model, ids, 8).")
+    steps = require_whole_number(steps, "steps", unit="decode steps")
     device = torch.device(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     trace_path = Path(trace_path)

@@ -277,3 +277,17 @@ def test_running_out_of_gpu_memory_mid_reply_says_how_to_fit(tiny_model, process
     with pytest.raises(InsufficientGPUMemoryError, match="ple='cpu'"):
         turn.wait(timeout=60)
     assert turn.status.value.startswith("failed: InsufficientGPUMemoryError") and session.history == []
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tokenizer: chat.render(tokenizer, [{"role": "user", "content": "hi"}], enable_thinking="no"), "enable_thinking"),
+    (lambda tokenizer: chat.render(tokenizer, [{"role": "user", "content": "hi"}], add_generation_prompt="no"),
+     "add_generation_prompt"),
+    (lambda tokenizer: chat.Sampling(do_sample="no"), "do_sample"),
+    (lambda tokenizer: chat.Sampling(temperature=float("inf")), "temperature"),
+    (lambda tokenizer: chat.Sampling(temperature=True), "temperature"),
+    (lambda tokenizer: chat.Sampling(seed=1.5), "seed"),
+], ids=["thinking-no", "generation-prompt-no", "do-sample-no", "temperature-inf", "temperature-true", "seed-1.5"])
+def test_a_string_or_number_taken_for_a_yes_is_refused_in_one_sentence_not_obeyed(tiny_tokenizer, make, message):
+    with pytest.raises(CourseError, match=message):
+        make(tiny_tokenizer)

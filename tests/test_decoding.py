@@ -369,3 +369,34 @@ def test_reproducible_kernels_fix_cublas_and_keep_attention_off_cudnn_whose_runs
         assert ("cuDNN" in said) if torch.cuda.is_available() else said.startswith("No CUDA GPU")
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([[2, 5, 6]], "not one prompt"),
+    (torch.tensor([2, 5, 6]), "not one prompt"),
+    (torch.tensor([[2.0, 5.0]]), "not one prompt"),
+    (torch.tensor([[2, -1]]), "outside the vocabulary"),
+    (torch.tensor([[2, 10**7]]), "outside the vocabulary"),
+    (torch.zeros((1, 0), dtype=torch.long), "empty prompt"),
+    (torch.tensor([[2, 5], [2, 6]]), "batch 1"),
+], ids=["list", "1-d", "float", "negative", "out-of-vocabulary", "empty", "batch-2"])
+def test_a_prompt_the_model_cannot_read_is_refused_in_one_sentence_by_every_decode(nf4, bad, message):
+    decoders = [lambda: decoding.plain_greedy(nf4, bad, 2)]
+    if not OLD_RELEASE:
+        decoders.append(lambda: decoding.TunedGreedy(nf4, decoding.Decoder(compile=None)).greedy(bad, 2))
+    for decode in decoders:
+        with pytest.raises(CourseError, match=message):
+            decode()
+
+
+def test_decode_lengths_and_profiles_of_nothing_are_refused(nf4, ids):
+    with pytest.raises(CourseError, match="new_tokens"):
+        decoding.plain_greedy(nf4, ids, 0)
+    with pytest.raises(CourseError, match="steps"):
+        decoding.profile(lambda: None, "trace.json", 0, "cpu")
+    with pytest.raises(CourseError, match="something to call"):
+        decoding.profile("not a function", "trace.json", 4, "cpu")
+    too_long = nf4.config.get_text_config().max_position_embeddings
+    if not OLD_RELEASE:
+        with pytest.raises(CourseError, match="max_position_embeddings"):
+            decoding.TunedGreedy(nf4, decoding.Decoder(compile=None)).greedy(ids, too_long)
