@@ -24,6 +24,7 @@ from . import loading
 from .errors import (
     ChatMessageError,
     ChatTemplateError,
+    CourseError,
     InsufficientGPUMemoryError,
     InvalidChoiceError,
     ReplyInProgressError,
@@ -383,6 +384,35 @@ class Chat:
             raise ReplyInProgressError("The previous reply is still being written: press its Stop button or call turn.wait() first.")
         message = {"role": "user", "content": content}
         return check_messages([*self.history, message], plain_strings=self.plain_strings)
+
+    def box(self):
+        """A chat box for the learner's own messages: type one and press Enter (or Send); each reply streams in
+        below it with its own Stop button, and the history grows as with ``ask``. Returns the widget."""
+        import ipywidgets as widgets
+
+        transcript = widgets.VBox()
+        text = widgets.Text(placeholder="Ask the model, then press Enter", continuous_update=False,
+                            layout=widgets.Layout(width="70%"))
+        send = widgets.Button(description="Send", icon="paper-plane", button_style="primary")
+        status = widgets.Label("")
+
+        def submit(_=None):
+            message = text.value.strip()
+            if not message:
+                return
+            try:
+                turn = self.ask(message, display=False)
+            except CourseError as error:  # a reply still being written, a message the template cannot take
+                status.value = str(error)
+                return
+            status.value, text.value = "", ""
+            transcript.children = (*transcript.children, widgets.HTML(f"<b>you:</b> {html.escape(message)}"), turn.widget)
+
+        send.on_click(submit)
+        text.observe(submit, names="value")  # Enter (or leaving the box) commits the value
+        box = widgets.VBox([transcript, widgets.HBox([text, send]), status])
+        box.text, box.send, box.transcript = text, send, transcript  # for tests and a curious learner
+        return box
 
     def prompt(self, content) -> Prompt:
         """The prompt the model would read if ``content`` were sent now (nothing is generated)."""

@@ -291,3 +291,21 @@ def test_running_out_of_gpu_memory_mid_reply_says_how_to_fit(tiny_model, process
 def test_a_string_or_number_taken_for_a_yes_is_refused_in_one_sentence_not_obeyed(tiny_tokenizer, make, message):
     with pytest.raises(CourseError, match=message):
         make(tiny_tokenizer)
+
+
+def test_the_chat_box_sends_what_the_learner_types_and_streams_each_reply_under_it(tiny_model, processor):
+    session = chat.Chat(tiny_model, processor, sampling=chat.Sampling.greedy(), max_new_tokens=6)
+    box = session.box()
+    box.text.value = "Where does the PLE table live?"  # what pressing Enter after typing does
+    assert box.text.value == "" and len(box.transcript.children) == 2
+    first = session._current.wait()
+    assert [m["role"] for m in session.history] == ["user", "assistant"] and first.new_ids
+    box.text.unobserve_all("value")  # so that only the button sends the next one
+    box.text.value = "And the KV cache?"
+    assert len(session.history) == 2
+    box.send.click()
+    session._current.wait()
+    assert len(box.transcript.children) == 4 and len(session.history) == 4
+    box.text.value = "   "  # nothing typed: nothing sent
+    box.send.click()
+    assert len(session.history) == 4 and len(box.transcript.children) == 4
