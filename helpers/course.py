@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import links
 from .errors import CourseError, require_whole_number
-from .paths import CACHE_ENV, REPO_ROOT, venv_python
+from .paths import CACHE_ENV, REPO_ROOT, venv_python, write_text_atomically
 
 VENV = REPO_ROOT / ".venv"
 INSTALLED_MARKER = ".course-installed"
@@ -216,8 +216,6 @@ def smudge_notebook(text: str) -> str:
 def write_notebook(nb, path) -> None:
     """Write a notebook (an nbformat node) as the repository keeps it: ``clean_notebook``'s form, whole or not at all."""
     import nbformat
-
-    from .paths import write_text_atomically
 
     write_text_atomically(Path(path), clean_notebook(nbformat.writes(nb)))
 
