@@ -400,13 +400,13 @@ class TunedGreedy:
     def __init__(self, model, settings: Decoder = Decoder()):
         if not isinstance(settings, Decoder):
             raise InvalidChoiceError(f"settings={settings!r} is not a Decoder; pass decoding.Decoder(...).")
+        settings.check_quant(quant_of(model))
         if settings.ple_outside and not supports_ple_outside(model):
             import transformers
 
             raise TunedDecodeError(f"transformers {transformers.__version__} cannot take the PLE rows from outside the model "
                               f"(Gemma4ForConditionalGeneration.forward has no per_layer_inputs): upgrade transformers "
                               f"(5.17 or later), or pass Decoder(ple_outside=False).")
-        settings.check_quant(quant_of(model))
         self.model, self.settings = model, settings
         self.hooks_removed = remove_hooks(model) if settings.remove_hooks else 0
         self.device = placement.compute_device_of(model)
