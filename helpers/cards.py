@@ -2,7 +2,8 @@
 
 On a big GPU an instructor can cap this process's GPU memory at a card's size (``simulate`` or
 ``CARD_GB=8`` in the environment) and run any notebook exactly as an RTX 4060 learner would:
-PyTorch's allocator then refuses what the card could not hold.
+PyTorch's allocator then refuses what the card could not hold, and ``torch.cuda.mem_get_info`` reports
+the card's memory, as transformers' loader and accelerate read it.
 """
 
 from __future__ import annotations
@@ -95,7 +96,54 @@ def simulate(card_gb=None, device=0) -> float | None:
         raise SimulatedCardError(f"This GPU has {total / 1e9:.1f} GB, less than the {gb:g} GB card asked for: "
                           f"simulate a smaller card or unset CARD_GB.")
     torch.cuda.set_per_process_memory_fraction(gb * 1e9 / total, device)
+    report_the_card_as_free_memory(torch)
     return gb
+
+
+def report_the_card_as_free_memory(torch) -> None:
+    """Make ``torch.cuda.mem_get_info`` answer as the simulated card would: its total is the cap, and what is free is
+    the cap less what this process reserved. transformers' loader sizes its allocator warm-up from it (at most the
+    card less 1.2 GiB) and accelerate's ``device_map="auto"`` its budget, so without this a capped H200 runs out of
+    memory at the warm-up, before anything loads, where a real card runs out partway through the weights."""
+    if getattr(torch.cuda.mem_get_info, "reports_the_card", False):
+        return
+    whole_gpu = torch.cuda.mem_get_info
+
+    def card_mem_get_info(device=None):
+        free, total = whole_gpu(device)
+        index = _device_index(torch, device)
+        fraction = _memory_fraction(torch, index)
+        if fraction >= 1.0:
+            return free, total
+        cap = int(fraction * torch.cuda.get_device_properties(index).total_memory)
+        return max(0, min(free, cap - torch.cuda.memory_reserved(index))), cap
+
+    card_mem_get_info.reports_the_card = True
+    card_mem_get_info.whole_gpu = whole_gpu
+    torch.cuda.mem_get_info = torch.cuda.memory.mem_get_info = card_mem_get_info
+
+
+def whole_gpu_memory(device=0) -> tuple:
+    """(free, total) bytes of the whole device as nvidia-smi sees it, every process included, whatever card is
+    simulated: what tells a card's limit apart from a GPU shared with other processes."""
+    import torch
+
+    reading = getattr(torch.cuda.mem_get_info, "whole_gpu", torch.cuda.mem_get_info)
+    return reading(device)
+
+
+def _memory_fraction(torch, index: int) -> float:
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    return 1.0 if get_fraction is None else get_fraction(index)
+
+
+def _device_index(torch, device) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
 
 
 def cap_in_force(device=0) -> float | None:
@@ -116,16 +164,15 @@ def budget_bytes(device) -> int:
     card what the cap leaves after what PyTorch already reserved."""
     import torch
 
-    free, total = torch.cuda.mem_get_info(device)
-    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-    if get_fraction is not None:
-        free = min(free, int(get_fraction(device) * total) - torch.cuda.memory_reserved(device))
+    free, total = whole_gpu_memory(device)
+    fraction = _memory_fraction(torch, _device_index(torch, device))
+    if fraction < 1.0:
+        free = min(free, int(fraction * total) - torch.cuda.memory_reserved(device))
     return free
 
 
 def max_memory(device=0) -> dict:
-    """What ``device_map="auto"`` would be given on this card: the GPU's budget and the host's free RAM.
-    (accelerate reads ``torch.cuda.mem_get_info``, which knows nothing of a simulated card's cap.)"""
+    """What ``device_map="auto"`` would be given on this card: the GPU's budget and the host's free RAM."""
     import psutil
 
     return {device: budget_bytes(device), "cpu": psutil.virtual_memory().available}

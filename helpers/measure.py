@@ -306,7 +306,7 @@ def prefill_peak(model, tokenizer, context: int, device, new_tokens: int = 1, se
                 "tokens_per_s": round(context / (time.perf_counter() - began), 1)}
     except torch.OutOfMemoryError:
         # device_free_bytes tells a card-sized limit apart from a GPU shared with other processes
-        return {"context": context, "oom": True, "device_free_bytes": torch.cuda.mem_get_info(device)[0]}
+        return {"context": context, "oom": True, "device_free_bytes": cards.whole_gpu_memory(device)[0]}
     finally:
         del ids
         torch.cuda.empty_cache()
@@ -317,7 +317,7 @@ def memory_readout(device) -> dict:
     holds (reserved), and what the whole device has in use, as nvidia-smi shows it (every process,
     plus each process's CUDA context)."""
     counters = gpu_memory(device)
-    free, total = torch.cuda.mem_get_info(device)
+    free, total = cards.whole_gpu_memory(device)
     return {"allocated": counters["allocated_bytes"], "reserved": counters["reserved_bytes"],
             "device in use (nvidia-smi)": total - free, "device total": total}
 

@@ -1,6 +1,7 @@
 """GPU tier: a load that fails gives back every byte it took, under a card's cap: the planner's refusal before
 anything is loaded, running out of memory partway through, and an error in the quantizer after the weights
-arrived. Allocated and reserved GPU memory, and pinned host memory, return to what they were before the call."""
+arrived. Allocated GPU memory and pinned host memory return to what they were before the call, and reserved GPU
+memory to at most that."""
 
 import subprocess
 import sys
@@ -62,4 +63,8 @@ def test_a_failed_load_on_a_6_gb_card_gives_back_all_it_took(kind, outcome):
     assert result["outcome"] == outcome, result
     if kind != "refused":
         assert result["peak_reserved"] > result["before"]["reserved"] + 1e9, result  # it did take memory first
-    assert result["after"] == result["before"], result
+    # allocated and pinned memory are back to what they were; the reserved cache is at most what it was (emptying it
+    # may also hand back the block the CUDA context's first tensor left behind)
+    assert result["after"]["allocated"] == result["before"]["allocated"], result
+    assert result["after"]["pinned"] == result["before"]["pinned"], result
+    assert result["after"]["reserved"] <= result["before"]["reserved"], result
