@@ -41,6 +41,8 @@ def census(workdir: Path) -> list:
     for case in table.CASES:
         if case[0] in table.CUDA_ONLY_ROWS and not table.NO_CUDA:
             continue
+        if case[0] in table.LLAMA_CPP_ROWS and not table.gguf_route.installed():
+            continue
         outcome, detail = table.answer(case, inputs)
         rows.append({"input": case[0], "outcome": outcome, "detail": detail})
     return rows
