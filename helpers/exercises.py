@@ -69,7 +69,7 @@ CONTEXT = ("source",)  # what a notebook may pass every checker; a checker that 
 
 def check(key: str, answer, **context) -> Verdict:
     """Whether ``answer`` is right for exercise ``key`` (e.g. "04.1"); ``None`` means not answered yet."""
-    if key not in EXERCISES:
+    if not isinstance(key, str) or key not in EXERCISES:
         raise InvalidChoiceError(f"exercise={key!r} does not exist; choose one of {', '.join(sorted(EXERCISES))}.")
     item = EXERCISES[key]
     taken = inspect.signature(item.checker).parameters
