@@ -428,3 +428,40 @@ def test_the_planner_cli_still_answers_a_good_input(capsys):
     # the control beside the refusals
     assert planner.main(["predict", "tiny", "--context", "512"]) == 0
     assert "512-token prefill" in capsys.readouterr().out
+
+
+def census_tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bad_input_census", Path(__file__).parents[1] / "tools" / "bad_input_census.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_census_command_reports_no_bare_and_no_silent_answer_in_one_line(tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(root / "tools" / "bad_input_census.py"), "--json", str(tmp_path / "c.json")],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=root)
+    lines = [line for line in done.stdout.splitlines() if "bad inputs:" in line]
+    assert len(lines) == 1, done.stdout + done.stderr
+    counts = re.search(r"(\d+) bad inputs: bare (\d+) / silent (\d+) / clear (\d+)", lines[0])
+    total, bare, silent, clear = map(int, counts.groups())
+    assert (bare, silent) == (0, 0) and clear == total > 100 and done.returncode == 0, done.stdout
+    import json
+
+    assert len(json.loads((tmp_path / "c.json").read_text())["rows"]) == total
+
+
+def test_the_census_line_shows_a_bare_and_a_silent_answer_when_there_are_some():
+    # the control: the one line can report what the test above requires to be zero
+    from collections import Counter
+
+    line = census_tool().summary(Counter({"bare exception": 2, "silent": 1, "clear": 5, "no phrase": 1}), 9, Path("h"))
+    assert "bare 2 / silent 1 / clear 5" in line and "no phrase 1" in line
