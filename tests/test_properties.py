@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from helpers import decoding, errors, exercises, gguf_route, long_context, placement, planner, synthetic
-from helpers.errors import CourseError
+pytest.importorskip("hypothesis", reason="hypothesis is in requirements-dev.txt; the GPU box's wheels carry none")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from helpers import decoding, errors, exercises, gguf_route, long_context, placement, planner, synthetic  # noqa: E402
+from helpers.errors import CourseError  # noqa: E402
 
 PROPERTY = settings(max_examples=25, deadline=None, database=None)
 TINY = synthetic.gemma4_config("tiny").get_text_config()
