@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import synthetic
 from .course import fix_cpu_only_torch_command, nvidia_driver
-from .download import is_hub_id
+from .download import course_folder, is_hub_id, verified_download
 from .errors import CourseError
 from .host_memory import total_ram_bytes
 from .models import requested
@@ -240,15 +240,16 @@ def checkpoint_bytes(shape: str) -> int:
 
 def model_disk_check(model: str | None = None, download_dir: Path | None = None) -> Check:
     """Is there room for the chosen model (``--model``, else ``$GEMMA_MODEL``, else tiny) where it will be
-    written: a synthetic build in the course cache, a hub download in the download cache, a folder nowhere."""
+    written: a synthetic build or a hub download in the course cache (none where it is there already), a folder nowhere."""
     name = requested(model)
     if name in synthetic.SHAPES:
         where = cache_dir()
         need = 0 if synthetic.is_complete(synthetic.default_destination(name)) else checkpoint_bytes(name)
         fix = f"free space or set {CACHE_ENV} to a larger disk"
-    elif is_hub_id(name) and not Path(name).exists():
-        where, need = download_dir or hub_cache(), FULL_CHECKPOINT_BYTES
-        fix = "free space or set HF_HUB_CACHE to a larger disk"
+    elif is_hub_id(name) and not Path(name).exists():  # notebook 01 downloads into the course cache
+        where = download_dir or course_folder(name)
+        need = 0 if verified_download(name) is not None else FULL_CHECKPOINT_BYTES
+        fix = f"free space or set {CACHE_ENV} to a larger disk"
     else:
         return Check(f"disk for {name}", "a folder already on disk: nothing to write", OK)
     probe = where
@@ -256,7 +257,7 @@ def model_disk_check(model: str | None = None, download_dir: Path | None = None)
         probe = probe.parent
     free = shutil.disk_usage(probe if probe.is_dir() else probe.parent).free
     enough = free >= need
-    return Check(f"disk for {name} at {where}", f"{gb(free)} free, needs {gb(need)}" if need else f"{gb(free)} free, built already",
+    return Check(f"disk for {name} at {where}", f"{gb(free)} free, needs {gb(need)}" if need else f"{gb(free)} free, on disk already",
                  OK if enough else FAIL, "" if enough else f"{name} needs {gb(need)} at {where}: {fix}")
 
 

@@ -122,8 +122,8 @@ def test_too_little_free_disk_for_the_chosen_model_fails_and_enough_passes(tmp_p
     monkeypatch.setattr(environment.shutil, "disk_usage", lambda path: usage._replace(free=need))
     assert environment.model_disk_check("e2b-shape").status == environment.OK  # the control: exactly enough
     monkeypatch.setattr(environment.shutil, "disk_usage", lambda path: usage._replace(free=int(16e9) - 1))
-    hub = environment.model_disk_check("google/gemma-4-E4B-it")
-    assert hub.status == environment.FAIL and "HF_HUB_CACHE" in hub.fix
+    hub = environment.model_disk_check("google/gemma-4-E4B-it")  # not downloaded into this empty cache
+    assert hub.status == environment.FAIL and "GEMMA_COURSE_CACHE" in hub.fix and "16.0 GB" in hub.fix
 
 
 def test_the_command_line_check_refuses_an_argument_it_does_not_know():
