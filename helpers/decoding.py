@@ -49,7 +49,7 @@ from transformers.cache_utils import StaticSlidingWindowLayer
 
 from . import placement
 from .errors import InvalidChoiceError, TunedDecodeError, require_bool, require_choice, require_whole_number
-from .long_context import cache_argument, new_cache
+from .long_context import cache_argument, new_cache, require_prompt
 from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
 from .quantization import QUANTS, quant_of
 from .weights import meta_model
@@ -214,25 +214,6 @@ def supports_ple_outside(model) -> bool:
     """Whether this transformers release lets the multimodal model take ``per_layer_inputs`` (5.17 and
     later here; 5.5.2's ``Gemma4ForConditionalGeneration.forward`` has no such argument)."""
     return "per_layer_inputs" in inspect.signature(model.forward).parameters
-
-
-def require_prompt(model, ids) -> torch.Tensor:
-    """``ids`` if they are one prompt the model can read: a (1, n) integer tensor, n at least 1, each id in its
-    vocabulary, the prompt within its positions; one sentence otherwise."""
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise InvalidChoiceError(f"ids={shape} is not one prompt of token ids; pass a (1, n) integer tensor, as "
-                                 f"tokenizer(text, return_tensors='pt')['input_ids'] gives.")
-    if ids.shape[0] != 1:
-        raise InvalidChoiceError(f"The decode runs batch 1; got a batch of {ids.shape[0]}: pass one prompt.")
-    if ids.shape[1] == 0:
-        raise InvalidChoiceError("ids is an empty prompt; pass at least one token (the tokenizer's bos_token_id).")
-    text = model.config.get_text_config()
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= text.vocab_size:
-        raise InvalidChoiceError(f"ids holds {low if low < 0 else high}, outside the vocabulary of {text.vocab_size:,}: "
-                                 f"tokenize with this model's own tokenizer.")
-    return ids
 
 
 @dataclass

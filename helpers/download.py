@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from . import checksums
 from .checksums import git_blob_sha1, sha256  # noqa: F401 - the names notebooks and the mirror use
-from .errors import CourseError, InvalidChoiceError, ModelNotFoundError, require_whole_number
+from .errors import CourseError, DiskFullError, InvalidChoiceError, ModelNotFoundError, require_whole_number
 from .paths import cache_dir, writable_folder
 
 REAL_MODEL = "google/gemma-4-E4B-it"
@@ -58,12 +58,6 @@ class DownloadFailedError(CourseError):
         return bool(self.attempt_errors) and all("LocalEntryNotFoundError" in line for line in self.attempt_errors)
 
     entry = "a-download-that-keeps-failing-or-stalls"
-
-
-class DiskFullError(CourseError):
-    """No space left for the download."""
-
-    entry = "disk-full"
 
 
 class OfflineModeError(CourseError):

@@ -1,24 +1,32 @@
 """Is this machine ready for the course? One verdict per line, each with the action that fixes it.
 
-Run it before a workshop:  python -m helpers.environment   (exit status 1 if any line fails)
+Run it before a workshop:  python -m helpers.environment [--model NAME]   (exit status 1 if any line fails)
 """
 
 from __future__ import annotations
 
+import argparse
 import html
 import os
 import platform
 import re
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from . import synthetic
 from .course import fix_cpu_only_torch_command, nvidia_driver
+from .download import course_folder, is_hub_id, verified_download
+from .errors import CourseError
 from .host_memory import total_ram_bytes
-from .paths import REPO_ROOT
+from .models import requested
+from .paths import CACHE_ENV, REPO_ROOT, cache_dir
+from .placement import unique_tensors
 from .planner import host_fits, predict_host
+from .weights import meta_model
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 FULL_CHECKPOINT_BYTES = 16e9  # google/gemma-4-E4B-it in bf16 safetensors
@@ -178,6 +186,81 @@ def memory_checks(download_dir: Path | None = None) -> list:
     return checks
 
 
+def hf_home() -> Path:
+    """Where huggingface_hub keeps its files: ``HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else ~/.cache/huggingface."""
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "huggingface"
+
+
+def hub_cache() -> Path:
+    """Where downloads from the hub go: ``HF_HUB_CACHE``, else ``<HF_HOME>/hub``."""
+    return Path(os.environ["HF_HUB_CACHE"]).expanduser() if os.environ.get("HF_HUB_CACHE") else hf_home() / "hub"
+
+
+def write_problem(path: Path) -> str | None:
+    """Why the course could not create and write files in ``path`` (``None``: it can), found without
+    creating anything: a file where the folder should be, or a folder (or its nearest existing parent)
+    that refuses a new file."""
+    path = Path(path)
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file, not a folder"
+    try:
+        handle, name = tempfile.mkstemp(dir=probe, prefix=".write-probe-")
+        os.close(handle)
+        os.unlink(name)
+    except OSError as err:
+        return f"{probe} cannot be written ({err.strerror or err})"
+    return None
+
+
+def folder_checks() -> list:
+    """The folders the course writes: its own cache, huggingface_hub's home and its download cache. A file
+    where a folder should be, or a folder that cannot be written, fails the first load or download."""
+    checks, folders = [], []
+    try:
+        folders.append((f"course cache ({CACHE_ENV})", cache_dir(), CACHE_ENV))
+    except CourseError as err:  # GEMMA_COURSE_CACHE names a file
+        checks.append(Check(f"course cache ({CACHE_ENV})", os.environ.get(CACHE_ENV, ""), FAIL, err.sentence))
+    folders += [("huggingface home (HF_HOME)", hf_home(), "HF_HOME"), ("download cache (HF_HUB_CACHE)", hub_cache(), "HF_HUB_CACHE")]
+    for name, path, setting in folders:
+        problem = write_problem(path)
+        checks.append(Check(name, problem or str(path), FAIL if problem else OK,
+                            f"set {setting} to a folder you can write (or fix its permissions)" if problem else ""))
+    return checks
+
+
+def checkpoint_bytes(shape: str) -> int:
+    """The bytes a synthetic build of ``shape`` writes: every tensor once, in bf16 as the checkpoint stores it."""
+    return sum(tensor.numel() * tensor.element_size() for *_, tensor in unique_tensors(meta_model(synthetic.gemma4_config(shape))))
+
+
+def model_disk_check(model: str | None = None, download_dir: Path | None = None) -> Check:
+    """Is there room for the chosen model (``--model``, else ``$GEMMA_MODEL``, else tiny) where it will be
+    written: a synthetic build or a hub download in the course cache (none where it is there already), a folder nowhere."""
+    name = requested(model)
+    if name in synthetic.SHAPES:
+        where = cache_dir()
+        need = 0 if synthetic.is_complete(synthetic.default_destination(name)) else checkpoint_bytes(name)
+        fix = f"free space or set {CACHE_ENV} to a larger disk"
+    elif is_hub_id(name) and not Path(name).exists():  # notebook 01 downloads into the course cache
+        where = download_dir or course_folder(name)
+        need = 0 if verified_download(name) is not None else FULL_CHECKPOINT_BYTES
+        fix = f"free space or set {CACHE_ENV} to a larger disk"
+    else:
+        return Check(f"disk for {name}", "a folder already on disk: nothing to write", OK)
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe if probe.is_dir() else probe.parent).free
+    enough = free >= need
+    return Check(f"disk for {name} at {where}", f"{gb(free)} free, needs {gb(need)}" if need else f"{gb(free)} free, on disk already",
+                 OK if enough else FAIL, "" if enough else f"{name} needs {gb(need)} at {where}: {fix}")
+
+
 def host_ram_checks(model: str = "e4b-shape") -> list:
     """Will this machine's RAM hold E4B NF4 in each placement? The planner's anonymous peak (what runs
     a VM out of memory) against the RAM, minus an allowance for the system."""
@@ -192,8 +275,9 @@ def host_ram_checks(model: str = "e4b-shape") -> list:
     return checks
 
 
-def check(download_dir: Path | None = None) -> EnvironmentReport:
-    """Everything the course needs, as one report (printable, HTML in a notebook, ``as_dict``)."""
+def check(download_dir: Path | None = None, model: str | None = None) -> EnvironmentReport:
+    """Everything the course needs, as one report (printable, HTML in a notebook, ``as_dict``); ``model``:
+    the one the course will load (default ``$GEMMA_MODEL``, else tiny), for the disk it needs."""
     python_ok = sys.version_info >= (3, 10)
     checks = [
         Check("Python", platform.python_version(), OK if python_ok else FAIL, "" if python_ok else "use Python 3.10 or newer"),
@@ -203,11 +287,19 @@ def check(download_dir: Path | None = None) -> EnvironmentReport:
     if installed_version("torch") is not None:
         checks += gpu_checks()
     checks += memory_checks(download_dir)
+    checks += folder_checks()
+    try:
+        checks.append(model_disk_check(model, download_dir))
+    except CourseError as err:  # a model name that is no model, or a cache that is a file (its own line above)
+        checks.append(Check("disk for the chosen model", str(model or os.environ.get("GEMMA_MODEL", "")), FAIL, err.sentence))
     return EnvironmentReport(checks)
 
 
-def main() -> int:
-    report = check()
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m helpers.environment", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="the model the course will load (default: $GEMMA_MODEL, else tiny)")
+    args = parser.parse_args(argv)  # an unknown argument: argparse's one line and exit status 2
+    report = check(model=args.model)
     print(report)
     return 0 if report.ready else 1
 

@@ -2,6 +2,7 @@
 the link to its entry in docs/troubleshooting.md (``entry``: the heading's anchor; tests/test_troubleshooting.py
 checks that every class has one and that it resolves)."""
 
+import errno
 import math
 import numbers
 
@@ -190,3 +191,17 @@ class RecordFileError(CourseError):
     """A record file in data/ that is cut short or not JSON (a kill mid-write, a hand edit)."""
 
     entry = "a-record-file-is-cut-short-or-not-json"
+
+
+class DiskFullError(CourseError):
+    """No space left for what the course writes: a download, a build, a conversion."""
+
+    entry = "disk-full"
+
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file-size limit (FAT32, ulimit -f)
+
+
+def is_no_room(error: BaseException) -> bool:
+    """Whether ``error`` says the disk (or a quota, or a file-size limit) has no room for the write."""
+    return isinstance(error, OSError) and error.errno in NO_ROOM

@@ -12,6 +12,9 @@ checker on them and on a wrong answer.
 from __future__ import annotations
 
 import html
+import inspect
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -61,12 +64,20 @@ def exercise(key: str, question: str, hint: str):
     return register
 
 
+CONTEXT = ("source",)  # what a notebook may pass every checker; a checker that needs none ignores it
+
 
 def check(key: str, answer, **context) -> Verdict:
     """Whether ``answer`` is right for exercise ``key`` (e.g. "04.1"); ``None`` means not answered yet."""
-    if key not in EXERCISES:
+    if not isinstance(key, str) or key not in EXERCISES:
         raise InvalidChoiceError(f"exercise={key!r} does not exist; choose one of {', '.join(sorted(EXERCISES))}.")
     item = EXERCISES[key]
+    taken = inspect.signature(item.checker).parameters
+    unknown = sorted(set(context) - set(CONTEXT) - set(taken))
+    if unknown:
+        raise InvalidChoiceError(f"exercises.check got {', '.join(map(repr, unknown))}, which no exercise reads; pass "
+                                 f"only the answer and source=MODEL_NAME.")
+    context = {name: value for name, value in context.items() if name in taken}
     if answer is None:
         return Verdict(key, None, f"{item.question} Replace None with your answer and run the cell again.")
     try:
@@ -78,8 +89,20 @@ def check(key: str, answer, **context) -> Verdict:
     return Verdict(key, bool(right), said if right else f"Hint: {item.hint}")
 
 
+def as_number(answer) -> float | None:
+    """A numeric answer as a float: an int, a float, a numpy scalar or a one-number tensor (what
+    ``.max()`` or ``torch.cuda.max_memory_allocated() / 1e9`` arithmetic gives); ``None`` for anything else."""
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1 and answer.dtype != torch.bool and not answer.is_complex():
+        answer = answer.item()
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Real):
+        return None
+    value = float(answer)
+    return value if math.isfinite(value) else None
+
+
 def within(answer, expected: float, tolerance: float) -> bool:
-    return isinstance(answer, (int, float)) and not isinstance(answer, bool) and abs(answer - expected) <= tolerance * expected
+    value = as_number(answer)
+    return value is not None and abs(value - expected) <= tolerance * expected
 
 
 def meta_of(source):

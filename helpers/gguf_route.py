@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import importlib
 import io
+import numbers
 import os
 import re
 import shutil
@@ -27,7 +28,15 @@ from collections import Counter
 from pathlib import Path
 
 from . import loading, models
-from .errors import LlamaCppMissingError, LlamaCppRouteError, require_choice
+from .errors import (
+    CorruptCheckpointError,
+    InvalidChoiceError,
+    LlamaCppMissingError,
+    LlamaCppRouteError,
+    ModelNotFoundError,
+    require_choice,
+    require_whole_number,
+)
 from .measure import prompt_ids
 from .paths import GGUF_DIR, cache_dir
 from .placement import compute_device_of
@@ -207,12 +216,43 @@ class _captured_logs:
         self.native.close()
 
 
+GGUF_MAGIC = b"GGUF"
+
+
+def require_gguf_path(path) -> Path:
+    """``path`` as a Path if it names a file that begins as a GGUF does; one sentence otherwise."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise InvalidChoiceError(f"path={path!r:.60} is not a file path; pass the path of a .gguf file, "
+                                 f"such as the one gguf_route.convert returned.")
+    path = Path(path)
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} {'is a folder' if path.is_dir() else 'does not exist'}; pass the .gguf file "
+                                 f"that gguf_route.convert or quantize wrote.")
+    with path.open("rb") as handle:
+        start = handle.read(len(GGUF_MAGIC))
+    if start != GGUF_MAGIC:
+        shown = "is empty" if not start else "is not a GGUF file (it does not begin with GGUF)"
+        raise CorruptCheckpointError(f"{path} {shown}; convert the checkpoint again with gguf_route.convert.")
+    return path
+
+
 def read(path):
-    """The GGUF file as the ``gguf`` package reads it (metadata and tensor table; data memory-mapped)."""
+    """The GGUF file as the ``gguf`` package reads it (metadata and tensor table; data memory-mapped). A file
+    cut short anywhere, header or tensor data, is refused in one sentence."""
+    path = require_gguf_path(path)
     require_llama_cpp()
     from gguf import GGUFReader
 
-    return GGUFReader(str(path))
+    cut = CorruptCheckpointError(f"{path} is cut short or corrupt; delete it and convert the checkpoint again with "
+                                 f"gguf_route.convert.")
+    try:
+        reader = GGUFReader(str(path))
+    except Exception:  # noqa: BLE001 - whatever the parser meets in a damaged header, the answer is the same
+        raise cut from None
+    size = path.stat().st_size
+    if any(int(t.data_offset) + int(t.n_bytes) > size for t in reader.tensors):
+        raise cut
+    return reader
 
 
 def field_value(reader, key: str):
@@ -225,6 +265,10 @@ def metadata(path) -> dict:
     """What llama.cpp will read from the file: architecture, tokenizer, special tokens, chat template."""
     reader = read(path)
     arch = field_value(reader, "general.architecture")
+    if not arch:
+        raise CorruptCheckpointError(f"{path} names no general.architecture, so llama.cpp cannot load it; convert the "
+                                     f"checkpoint again with gguf_route.convert.")
+    tokens = reader.get_field("tokenizer.ggml.tokens")
     return {
         "architecture": arch,
         "file type": field_value(reader, "general.file_type"),
@@ -232,7 +276,7 @@ def metadata(path) -> dict:
         "shared KV layers": field_value(reader, f"{arch}.attention.shared_kv_layers"),
         "per-layer input width": field_value(reader, f"{arch}.embedding_length_per_layer_input"),
         "tokenizer": field_value(reader, "tokenizer.ggml.model"),
-        "tokens": len(reader.get_field("tokenizer.ggml.tokens").data),
+        "tokens": None if tokens is None else len(tokens.data),
         "bos id": field_value(reader, "tokenizer.ggml.bos_token_id"),
         "eos id": field_value(reader, "tokenizer.ggml.eos_token_id"),
         "chat template": field_value(reader, "tokenizer.chat_template"),
@@ -246,6 +290,9 @@ def tensors(path) -> list:
 
 
 def tensor(path, name: str = PLE_TENSOR) -> dict:
+    """One tensor's entry (as ``tensors`` lists it) by its llama.cpp name."""
+    if not isinstance(name, str) or not name:
+        raise InvalidChoiceError(f"name={name!r} is not a tensor name; pass a llama.cpp name such as {PLE_TENSOR!r}.")
     for entry in tensors(path):
         if entry["name"] == name:
             return entry
@@ -264,6 +311,10 @@ def load(path, *, n_ctx: int = 512, n_gpu_layers: int = 0, threads: int | None =
     """``llama_cpp.Llama`` on the file. ``n_gpu_layers=0`` (llama-cpp-python's default) keeps every layer
     on the CPU, ``-1`` offloads all; llama.cpp's own ``-ngl auto`` / ``--fit`` live in its command-line
     library, which llama-cpp-python does not bind."""
+    n_ctx = require_whole_number(n_ctx, "n_ctx", unit="tokens")
+    n_gpu_layers = require_whole_number(n_gpu_layers, "n_gpu_layers", minimum=-1, unit="layers (-1: all)")
+    if threads is not None:
+        threads = require_whole_number(threads, "threads")
     require_llama_cpp()
     from llama_cpp import Llama
     from llama_cpp._logger import set_verbose
@@ -350,9 +401,31 @@ def stop_tokens(llm) -> list:
     return [i for i in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
 
 
+def require_llama_ids(llm, ids, new_tokens: int = 0) -> list:
+    """``ids`` as a list of ints if ``llm`` (what ``load`` returned) can read them and ``new_tokens`` more
+    within its context; one sentence otherwise (llama.cpp itself would read an empty or oversized prompt)."""
+    if not all(hasattr(llm, name) for name in ("n_vocab", "n_ctx", "eval")):
+        raise InvalidChoiceError(f"llm={llm!r:.40} is not a llama.cpp model; pass what gguf_route.load returned.")
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)) or not ids:
+        raise InvalidChoiceError(f"ids={ids!r:.40} is not a prompt of token ids; pass a non-empty list of ints, "
+                                 f"as gguf_route.tokenize gives.")
+    vocabulary = llm.n_vocab()
+    for token in ids:
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or not 0 <= token < vocabulary:
+            raise InvalidChoiceError(f"ids holds {token!r}, not a token id of this model's vocabulary of {vocabulary:,}: "
+                                     f"tokenize with gguf_route.tokenize.")
+    if len(ids) + new_tokens > llm.n_ctx():
+        raise InvalidChoiceError(f"A prompt of {len(ids):,} tokens and {new_tokens:,} new ones does not fit the context "
+                                 f"of {llm.n_ctx():,} this model was loaded with: load it with a larger n_ctx.")
+    return [int(token) for token in ids]
+
+
 def generate(llm, prompt_ids: list, max_tokens: int = 32) -> dict:
     """Greedy tokens after ``prompt_ids``, with llama.cpp's own timers (``llama_perf_context``)."""
     import llama_cpp
+
+    max_tokens = require_whole_number(max_tokens, "max_tokens", unit="tokens")
+    prompt_ids = require_llama_ids(llm, prompt_ids, max_tokens)
 
     llm.reset()
     llama_cpp.llama_perf_context_reset(llm.ctx)
@@ -404,6 +477,7 @@ def logits(llm, ids: list):
     """llama.cpp's next-token logits after ``ids`` (the model must be loaded with ``logits_all=True``)."""
     import numpy as np
 
+    ids = require_llama_ids(llm, ids)
     llm.reset()
     llm.eval(ids)
     return np.array(llm.scores[len(ids) - 1])

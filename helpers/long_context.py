@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import InvalidChoiceError, require_choice, require_whole_number
+from .errors import InvalidChoiceError, require_bool, require_choice, require_positive_number, require_whole_number
+from .placement import require_model
 
 # generate's own cache; the same without the config (every layer keeps every token); preallocated, written in place
 CACHE_KINDS = ("dynamic", "dynamic-without-config", "static")
@@ -64,6 +65,54 @@ def new_cache(model, kind: str = "static", max_cache_len: int | None = None):
     return StaticCache(config=text_config_of(model), max_cache_len=max_cache_len)
 
 
+def require_prompt(model, ids, new_tokens: int = 0) -> torch.Tensor:
+    """``ids`` if they are one prompt the model can read: a (1, n) integer tensor, n at least 1, each id in its
+    vocabulary, the prompt and ``new_tokens`` within its positions; one sentence otherwise."""
+    text = text_config_of(require_model(model))
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise InvalidChoiceError(f"ids={shape} is not one prompt of token ids; pass a (1, n) integer tensor, as "
+                                 f"tokenizer(text, return_tensors='pt')['input_ids'] gives.")
+    if ids.shape[0] != 1:
+        raise InvalidChoiceError(f"The decode runs batch 1; got a batch of {ids.shape[0]}: pass one prompt.")
+    if ids.shape[1] == 0:
+        raise InvalidChoiceError("ids is an empty prompt; pass at least one token (the tokenizer's bos_token_id).")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= text.vocab_size:
+        raise InvalidChoiceError(f"ids holds {low if low < 0 else high}, outside the vocabulary of {text.vocab_size:,}: "
+                                 f"tokenize with this model's own tokenizer.")
+    written, limit = positions_written(ids.shape[1], new_tokens), text.max_position_embeddings
+    if written > limit:
+        raise InvalidChoiceError(
+            f"A prompt of {ids.shape[1]:,} tokens and {new_tokens:,} new ones needs {written:,} positions, more than the "
+            f"model's max_position_embeddings of {limit:,}: shorten the prompt to at most "
+            f"{longest_prompt(limit, min(new_tokens, limit)):,} tokens (long_context.longest_prompt).")
+    return ids
+
+
+def require_chunk(chunk) -> int | None:
+    """A prefill chunk: ``None`` (the whole prompt at once) or a whole number of tokens, at least 1."""
+    return None if chunk is None else require_whole_number(chunk, "chunk", unit="tokens")
+
+
+def require_cache(cache, what: str = "cache"):
+    """``cache`` if it is a transformers cache (what ``new_cache`` returns)."""
+    from transformers import Cache
+
+    if not isinstance(cache, Cache):
+        shown = repr(cache) if len(repr(cache)) <= 40 else f"a {type(cache).__name__}"
+        raise InvalidChoiceError(f"{what}={shown} is not a transformers cache; pass one that long_context.new_cache returned.")
+    return cache
+
+
+def require_footprint_rows(rows) -> list:
+    """``rows`` if they are a list of ``LayerFootprint`` (what ``footprint`` returns)."""
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, (list, tuple)) or not all(
+            isinstance(row, LayerFootprint) for row in rows):
+        raise InvalidChoiceError(f"rows={rows!r:.40} is not a list of LayerFootprint; pass what long_context.footprint returned.")
+    return list(rows)
+
+
 def positions_written(context: int, new_tokens: int) -> int:
     """How many positions ``generate`` writes to the cache: the prompt and every new token but the last, which
     is only predicted, never fed back (transformers sizes its own static cache ``max_length - 1``). So a
@@ -95,6 +144,10 @@ class LayerFootprint:
 def footprint(cache, config) -> list:
     """What each cache layer holds right now. KV-shared layers own no cache (transformers 5.24 keeps
     a ``DummyLayer`` for them, earlier releases nothing) and are left out."""
+    require_cache(cache)
+    if not isinstance(getattr(config, "layer_types", None), (list, tuple)):
+        raise InvalidChoiceError(f"config={type(config).__name__} has no layer_types; pass the model's "
+                                 f"config.get_text_config().")
     layer_types = list(config.layer_types)
     rows = []
     for index, layer in enumerate(cache.layers):
@@ -109,6 +162,8 @@ def footprint(cache, config) -> list:
 def narrow_window(cache, by: int = 1):
     """A deliberately broken cache, for controls: every sliding layer keeps ``by`` token(s) fewer than the window
     its attention reads. Call it on a fresh cache, before it holds anything."""
+    require_cache(cache)
+    by = require_whole_number(by, "by", unit="tokens")
     for layer in cache.layers:
         if hasattr(layer, "sliding_window"):  # DynamicSlidingWindowLayer
             layer.sliding_window -= by
@@ -119,6 +174,7 @@ def narrow_window(cache, by: int = 1):
 
 
 def bytes_by_layer_type(rows) -> dict:
+    rows = require_footprint_rows(rows)
     totals: dict = {}
     for row in rows:
         totals[row.layer_type] = totals.get(row.layer_type, 0) + row.bytes
@@ -127,6 +183,7 @@ def bytes_by_layer_type(rows) -> dict:
 
 def tokens_by_layer_type(rows) -> dict:
     """The largest number of positions any layer of each type holds."""
+    rows = require_footprint_rows(rows)
     held: dict = {}
     for row in rows:
         held[row.layer_type] = max(held.get(row.layer_type, 0), row.tokens)
@@ -135,6 +192,11 @@ def tokens_by_layer_type(rows) -> dict:
 
 def generated_cache(model, ids: torch.Tensor, kind: str, chunk: int | None, new_tokens: int = 1):
     """Run ``generate`` on ``ids`` with a cache of ``kind`` and ``prefill_chunk_size=chunk``; the cache it leaves."""
+    require_model(model)
+    require_choice(kind, CACHE_KINDS, "cache")
+    chunk = require_chunk(chunk)
+    new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
+    require_prompt(model, ids, new_tokens)
     cache = new_cache(model, kind, ids.shape[1] + new_tokens if kind == "static" else None)
     with torch.no_grad():
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
@@ -145,7 +207,16 @@ def generated_cache(model, ids: torch.Tensor, kind: str, chunk: int | None, new_
 
 def cache_growth(model, prompts, kind: str = "dynamic", chunk: int | None = None) -> list:
     """Cache bytes and positions per layer type after a ``generate`` prefill of each prompt in ``prompts``
-    (token-id tensors of growing length): the rows a learner plots against context."""
+    (token-id tensors of growing length): the rows a learner plots against context. Every argument is
+    checked before the first prompt runs."""
+    require_model(model)
+    require_choice(kind, CACHE_KINDS, "cache")
+    chunk = require_chunk(chunk)
+    if isinstance(prompts, torch.Tensor) or not isinstance(prompts, (list, tuple)) or not prompts:
+        raise InvalidChoiceError(f"prompts={type(prompts).__name__} is not a list of prompts; pass a non-empty list of "
+                                 f"(1, n) token-id tensors, one per context length.")
+    for ids in prompts:
+        require_prompt(model, ids, 1)
     config = text_config_of(model)
     rows = []
     for ids in prompts:
@@ -187,6 +258,11 @@ class AttentionRecorder(torch.overrides.TorchFunctionMode):
 def attention_calls(model, ids: torch.Tensor, chunk: int, settings: LongContext | None = None) -> list:
     """Every SDPA call of one chunked-prefill ``generate`` (one new token): plain (``settings=None``:
     generate's own cache and attention) or with the tuned ``settings``."""
+    require_model(model)
+    chunk = require_whole_number(chunk, "chunk", unit="tokens")
+    if settings is not None and not isinstance(settings, LongContext):
+        raise InvalidChoiceError(f"settings={settings!r:.40} is not a LongContext; pass LongContext(...) or None.")
+    require_prompt(model, ids, 1)
     settings = settings or LongContext(chunk=chunk, cache="dynamic", grouped_attention=False)
     with use_attention(model, settings.attention):
         recorder = AttentionRecorder()
@@ -220,6 +296,11 @@ def grouped_sdpa_attention_forward(module, query, key, value, attention_mask, **
 def register_grouped_sdpa(name: str = GROUPED_SDPA, function=grouped_sdpa_attention_forward) -> str:
     """Register ``function`` with transformers' ``AttentionInterface`` under ``name``, with SDPA's masks
     (``AttentionMaskInterface``: an unregistered name would get no mask at all)."""
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidChoiceError(f"name={name!r} is not supported; pass a non-empty name such as {GROUPED_SDPA!r}.")
+    if not callable(function):
+        raise InvalidChoiceError(f"function={function!r:.40} is not callable; pass an attention forward such as "
+                                 f"long_context.grouped_sdpa_attention_forward.")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
@@ -228,14 +309,35 @@ def register_grouped_sdpa(name: str = GROUPED_SDPA, function=grouped_sdpa_attent
     return name
 
 
-@contextlib.contextmanager
+def attention_implementations() -> tuple:
+    """The names ``use_attention`` takes: transformers' eager attention, every name registered with its
+    ``AttentionInterface`` (sdpa, flash and flex attention, kernels), and the course's grouped SDPA."""
+    from transformers import AttentionInterface
+
+    return tuple(dict.fromkeys(("eager", "sdpa", *AttentionInterface._global_mapping, GROUPED_SDPA)))
+
+
 def use_attention(model, implementation: str | None):
-    """Switch the text model's attention implementation for a block (``None``: leave it), then switch back."""
+    """Switch the text model's attention implementation for a block (``None``: leave it), then switch back.
+    The name is checked when called, before the block runs."""
+    require_model(model)
+    if implementation is not None:
+        require_choice(implementation, attention_implementations(), "implementation")
+    return _switched_attention(model, implementation)
+
+
+@contextlib.contextmanager
+def _switched_attention(model, implementation: str | None):
     previous = text_config_of(model)._attn_implementation
     if implementation is not None and implementation != previous:
         if implementation == GROUPED_SDPA:
             register_grouped_sdpa()
-        model.set_attn_implementation({"text_config": implementation})
+        try:
+            model.set_attn_implementation({"text_config": implementation})
+        except (ImportError, ValueError) as error:  # a flash or flex attention this machine cannot run
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise InvalidChoiceError(f"implementation={implementation!r} cannot run here ({first.rstrip('.')}); "
+                                     f"use 'sdpa' or {GROUPED_SDPA!r}.") from None
     try:
         yield model
     finally:
@@ -259,8 +361,7 @@ class LongContext:
         if self.chunk is not None:
             require_whole_number(self.chunk, "chunk", unit="tokens")
         require_choice(self.cache, CACHE_KINDS, "cache")
-        if not isinstance(self.grouped_attention, bool):
-            raise InvalidChoiceError(f"grouped_attention={self.grouped_attention!r} is not supported; pass True or False.")
+        require_bool(self.grouped_attention, "grouped_attention")
 
     @classmethod
     def plain(cls, chunk: int | None = DEFAULT_CHUNK) -> LongContext:
@@ -274,13 +375,23 @@ class LongContext:
         """``generate`` keyword arguments for a prompt of ``context`` tokens and ``new_tokens`` more: the
         chunk size and a fresh cache (passed as an object: ``cache_implementation="static"`` with
         ``prefill_chunk_size`` fails on Gemma 4 in transformers 5.17, see ``tests/test_long_context.py``)."""
+        require_model(model)
+        written, limit = positions_written(context, new_tokens), text_config_of(model).max_position_embeddings
+        if written > limit:
+            raise InvalidChoiceError(f"context={context:,} and new_tokens={new_tokens:,} need {written:,} positions, more "
+                                     f"than the model's max_position_embeddings of {limit:,}: shorten the prompt.")
         cache = new_cache(model, self.cache, positions_written(context, new_tokens) if self.cache == "static" else None)
         return {"prefill_chunk_size": self.chunk, cache_argument(model): cache}
 
     def generate(self, model, ids: torch.Tensor, new_tokens: int, *, keep_logits: bool = False, cache=None):
         """Greedy ``generate`` of exactly ``new_tokens`` after ``ids`` with these settings (``cache``: as in
         ``prefill_logits``)."""
-        require_whole_number(new_tokens, "new_tokens", unit="tokens")
+        require_model(model)
+        new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
+        require_prompt(model, ids, new_tokens)
+        require_bool(keep_logits, "keep_logits")
+        if cache is not None:
+            require_cache(cache)
         kwargs = self.generate_kwargs(model, ids.shape[1], new_tokens)
         if cache is not None:
             kwargs[cache_argument(model)] = cache
@@ -293,6 +404,10 @@ class LongContext:
         """The logits of every prompt position, computed chunk by chunk through this cache and attention,
         as ``generate``'s chunked prefill runs them (which keeps only the last position's). ``cache``: one
         built beforehand (a test's deliberately broken one), else a fresh one of this kind."""
+        require_model(model)
+        require_prompt(model, ids)
+        if cache is not None:
+            require_cache(cache)
         chunk = self.chunk or ids.shape[1]
         if cache is None:
             cache = new_cache(model, self.cache, ids.shape[1] if self.cache == "static" else None)
@@ -306,6 +421,11 @@ def logits_agree(reference: torch.Tensor, candidate: torch.Tensor, atol: float =
     """fp32 agreement of two computations of the same logits (different summation orders round differently,
     so chunked and one-shot agree to a tolerance, not bit for bit): close, the largest difference, and the
     spread of the reference (what a real error would be compared with)."""
+    for what, value in (("reference", reference), ("candidate", candidate)):
+        if not isinstance(value, torch.Tensor) or value.numel() == 0:
+            raise InvalidChoiceError(f"{what}={type(value).__name__} is not a tensor of logits; pass the logits two "
+                                     f"computations returned (prefill_logits, a model's .logits).")
+    require_positive_number(atol, "atol")
     if reference.shape != candidate.shape:
         return {"close": False, "max_abs_diff": float("inf"), "spread": reference.float().std().item()}
     difference = (reference.float() - candidate.float()).abs().max().item()

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import checksums
-from .errors import CourseError, InvalidChoiceError, SyntheticInitError, require_bool, require_whole_number
+from .errors import CourseError, DiskFullError, InvalidChoiceError, SyntheticInitError, is_no_room, require_bool, require_whole_number
 from .host_memory import peak_rss_bytes
 from .paths import BUILDS_DIR, CONFIG_DIR, cache_dir, cache_subfolder, writable_folder, write_text_atomically
 
@@ -448,6 +448,12 @@ def _build_unlocked(shape, config, dest: Path, seed: int, progress: bool, worker
             ),
         )
         _move_into_place(staging, dest)
+    except OSError as err:
+        if not is_no_room(err):
+            raise
+        raise DiskFullError(f"There is no room on the disk holding {dest.parent} for the {shape_name} build "
+                            f"({os.strerror(err.errno)}): free space there, or set GEMMA_COURSE_CACHE (or dest) to a "
+                            f"larger disk; nothing half-written was left.") from None
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -850,6 +856,7 @@ def main(argv=None) -> int:
     import argparse
     import os as _os
     import platform
+    import sys
 
     parser = argparse.ArgumentParser(description="Build a synthetic Gemma 4 checkpoint (no GPU needed).")
     parser.add_argument("shape", choices=list(SHAPES))
@@ -858,7 +865,11 @@ def main(argv=None) -> int:
                         help="processes that build side by side (default: by size, CPUs and free memory)")
     parser.add_argument("--record", action="store_true", help=f"write the build's time and peak host memory to {BUILDS_DIR}/")
     args = parser.parse_args(argv)
-    path = build(args.shape, force=args.force, workers=args.workers)
+    try:
+        path = build(args.shape, force=args.force, workers=args.workers)
+    except CourseError as err:  # bad input or a full disk: its sentence, not a traceback
+        print(err, file=sys.stderr)
+        return 2
     marker = json.loads((path / COMPLETE_MARKER).read_text())
     by = f"{marker['workers']} worker processes" if marker.get("workers") else "the builder alone"
     print(f"{path}: built in {marker['built_in_s']} s by {by}, peak host memory {marker['peak_rss_bytes'] / 1e9:.2f} GB")

@@ -12,7 +12,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import anatomy, download, errors, faults, loading, mirror, models, placement, planner, quantization, synthetic, weights
+from helpers import (
+    anatomy,
+    download,
+    errors,
+    exercises,
+    faults,
+    gguf_route,
+    loading,
+    long_context,
+    mirror,
+    models,
+    placement,
+    planner,
+    quantization,
+    synthetic,
+    weights,
+)
 
 NO_CUDA = not torch.cuda.is_available()
 REPO = "google/gemma-4-E4B-it"
@@ -54,7 +70,34 @@ class Inputs:
     def model(self):
         return loading.load_model("tiny", quant="bf16", ple="gpu", device="cpu")
 
+    def prompt(self, length: int = 16) -> torch.Tensor:
+        return torch.randint(16, 272, (1, length), generator=torch.Generator().manual_seed(0))
 
+    def past_the_window(self) -> torch.Tensor:
+        return torch.full((1, TINY_WINDOW + 1), 20)
+
+    def gguf(self, kind: str) -> Path:
+        """A GGUF file that is missing, empty, not GGUF at all, or a real one cut in half."""
+        path = self.root / f"{kind}.gguf"
+        if kind == "empty":
+            path.write_bytes(b"")
+        elif kind == "not-gguf":
+            path.write_text("this is a safetensors file, honest")
+        elif kind == "truncated":
+            import numpy as np
+            from gguf import GGUFWriter
+
+            writer = GGUFWriter(str(path), "gemma4")
+            writer.add_tensor(gguf_route.PLE_TENSOR, np.zeros((64, 64), np.float32))
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+            path.write_bytes(truncated(path.read_bytes()))
+        return path
+
+
+TINY_WINDOW = synthetic.gemma4_config("tiny").get_text_config().max_position_embeddings
 UNWRITABLE = "/proc/gemma-course-cache"  # no process, root included, can create a folder here
 
 
@@ -195,6 +238,70 @@ CASES = [
      "InvalidChoiceError", "choose one of"),
     ("fault proxy upstream without a scheme", lambda i: faults.FaultyProxy("127.0.0.1:9"), "InvalidChoiceError", "http://"),
 ]
+CASES += [
+    # long prompts
+    *[(f"cache_growth with chunk {chunk}", lambda i, chunk=chunk: long_context.cache_growth(i.model, [i.prompt()], chunk=chunk),
+       "InvalidChoiceError", "pass a whole number of tokens") for chunk in (0, -1, 1.5)],
+    ("cache_growth of one tensor, not a list", lambda i: long_context.cache_growth(i.model, i.prompt()),
+     "InvalidChoiceError", "non-empty list"),
+    ("cache_growth of no prompts", lambda i: long_context.cache_growth(i.model, []), "InvalidChoiceError", "non-empty list"),
+    ("cache_growth of an unknown cache", lambda i: long_context.cache_growth(i.model, [i.prompt()], "paged"),
+     "InvalidChoiceError", "choose one of"),
+    ("cache_growth past the model's positions", lambda i: long_context.cache_growth(i.model, [i.past_the_window()]),
+     "InvalidChoiceError", "max_position_embeddings"),
+    ("plain generate past the model's positions", lambda i: long_context.LongContext.plain(8).generate(i.model, i.past_the_window(), 1),
+     "InvalidChoiceError", "max_position_embeddings"),
+    ("tuned generate of a list of ids", lambda i: long_context.LongContext(chunk=8).generate(i.model, [1, 2, 3], 1),
+     "InvalidChoiceError", "(1, n) integer tensor"),
+    ("tuned generate of a batch of 2", lambda i: long_context.LongContext(chunk=8).generate(i.model, torch.ones(2, 4, dtype=torch.long), 1),
+     "InvalidChoiceError", "pass one prompt"),
+    ("tuned generate of an id past the vocabulary",
+     lambda i: long_context.LongContext(chunk=8).generate(i.model, torch.tensor([[10**6]]), 1),
+     "InvalidChoiceError", "own tokenizer"),
+    ("tuned generate of no new tokens", lambda i: long_context.LongContext(chunk=8).generate(i.model, i.prompt(), 0),
+     "InvalidChoiceError", "new_tokens=0"),
+    ('tuned generate keep_logits="no"', lambda i: long_context.LongContext(chunk=8).generate(i.model, i.prompt(), 1, keep_logits="no"),
+     "InvalidChoiceError", "True or False"),
+    ("prefill logits through a string cache", lambda i: long_context.LongContext(chunk=8).prefill_logits(i.model, i.prompt(), "static"),
+     "InvalidChoiceError", "new_cache"),
+    ("LongContext of chunk 0", lambda i: long_context.LongContext(chunk=0), "InvalidChoiceError", "chunk=0"),
+    ('LongContext grouped_attention="no"', lambda i: long_context.LongContext(grouped_attention="no"), "InvalidChoiceError",
+     "True or False"),
+    ("attention calls with chunk 0", lambda i: long_context.attention_calls(i.model, i.prompt(), 0), "InvalidChoiceError", "chunk=0"),
+    ("attention calls with a dict for settings", lambda i: long_context.attention_calls(i.model, i.prompt(), 8, {"chunk": 8}),
+     "InvalidChoiceError", "LongContext"),
+    ('use_attention(m, "bogus")', lambda i: long_context.use_attention(i.model, "bogus"), "InvalidChoiceError", "choose one of"),
+    ("use_attention of a string model", lambda i: long_context.use_attention("model", "sdpa"), "InvalidChoiceError", "load_model"),
+    ("generated cache of kind None", lambda i: long_context.generated_cache(i.model, i.prompt(), None, 8), "InvalidChoiceError",
+     "choose one of"),
+    ("footprint of a string", lambda i: long_context.footprint("cache", i.model.config.get_text_config()), "InvalidChoiceError",
+     "new_cache"),
+    ("narrow a window by 0", lambda i: long_context.narrow_window(long_context.new_cache(i.model, "dynamic"), 0),
+     "InvalidChoiceError", "by=0"),
+    ("bytes by layer type of a dict", lambda i: long_context.bytes_by_layer_type({"a": 1}), "InvalidChoiceError", "LayerFootprint"),
+    ("logits agree at a NaN tolerance", lambda i: long_context.logits_agree(torch.ones(3), torch.ones(3), float("nan")),
+     "InvalidChoiceError", "atol=nan"),
+    ("logits agree of lists", lambda i: long_context.logits_agree([1.0], [1.0]), "InvalidChoiceError", "tensor of logits"),
+    ("register attention under no name", lambda i: long_context.register_grouped_sdpa(""), "InvalidChoiceError", "non-empty name"),
+    # GGUF files
+    *[(f"gguf {reader} of a {kind} file", lambda i, call=call, kind=kind: call(i.gguf(kind)), error, phrase)
+      for reader, call in (("metadata", gguf_route.metadata), ("tensor", gguf_route.tensor), ("load", gguf_route.load))
+      for kind, error, phrase in (("missing", "ModelNotFoundError", "does not exist"), ("empty", "CorruptCheckpointError", "is empty"),
+                                  ("not-gguf", "CorruptCheckpointError", "not a GGUF file"),
+                                  ("truncated", "CorruptCheckpointError", "cut short"))],
+    ("gguf metadata of a folder", lambda i: gguf_route.metadata(i.root), "ModelNotFoundError", "is a folder"),
+    ("gguf metadata of a number", lambda i: gguf_route.metadata(5), "InvalidChoiceError", "file path"),
+    ("gguf tensor named by a number", lambda i: gguf_route.tensor(i.gguf("truncated"), 3), "InvalidChoiceError", "tensor name"),
+    ("gguf load with n_ctx 0", lambda i: gguf_route.load(i.gguf("missing"), n_ctx=0), "InvalidChoiceError", "n_ctx=0"),
+    ("gguf load with half a thread", lambda i: gguf_route.load(i.gguf("missing"), threads=0.5), "InvalidChoiceError", "threads=0.5"),
+    ("gguf generate of a string llm", lambda i: gguf_route.generate("llm", [1, 2]), "InvalidChoiceError", "gguf_route.load"),
+    ("gguf logits of a string llm", lambda i: gguf_route.logits("llm", []), "InvalidChoiceError", "gguf_route.load"),
+    # exercises
+    ("exercise check with a misspelt context", lambda i: exercises.check("00.1", "x", sorce="tiny"), "InvalidChoiceError",
+     "source=MODEL_NAME"),
+]
+# rows that need the optional llama.cpp packages (gguf writes the truncated file, llama-cpp-python loads)
+LLAMA_CPP_ROWS = {case[0] for case in CASES if "truncated file" in case[0] or case[0].startswith("gguf load of a")}
 CUDA_ONLY_ROWS = {'device_map={"": "cuda:3"} without CUDA', 'offload_ple(model, "cuda") without CUDA'}
 
 
@@ -237,6 +344,8 @@ def inputs(tiny_path, tmp_path_factory):
 def test_a_bad_input_gets_one_course_error_sentence_that_names_the_fix(case, inputs):
     if case[0] in CUDA_ONLY_ROWS and not NO_CUDA:
         pytest.skip("this machine has CUDA")
+    if case[0] in LLAMA_CPP_ROWS and not gguf_route.installed():
+        pytest.skip("llama-cpp-python and gguf are not installed (make llama-cpp)")
     outcome, detail = answer(case, inputs)
     assert outcome == "clear", f"{case[0]}: {outcome}: {detail}"
 
@@ -293,7 +402,6 @@ def test_keep_bf16_as_a_list_changes_the_prediction_and_the_loaded_model_alike(i
     assert kept_linears and all(name.startswith("model.vision_tower") or name == "lm_head" for name in kept_linears)
 
 
-TINY_WINDOW = synthetic.gemma4_config("tiny").get_text_config().max_position_embeddings
 CLI_CASES = [
     (["predict", "tiny", "--context", "-5"], "context=-5 is not supported; pass a whole number of tokens"),
     (["predict", "tiny", "--context", "0"], "context=0 is not supported"),
@@ -320,3 +428,40 @@ def test_the_planner_cli_still_answers_a_good_input(capsys):
     # the control beside the refusals
     assert planner.main(["predict", "tiny", "--context", "512"]) == 0
     assert "512-token prefill" in capsys.readouterr().out
+
+
+def census_tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bad_input_census", Path(__file__).parents[1] / "tools" / "bad_input_census.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_census_command_reports_no_bare_and_no_silent_answer_in_one_line(tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(root / "tools" / "bad_input_census.py"), "--json", str(tmp_path / "c.json")],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=root)
+    lines = [line for line in done.stdout.splitlines() if "bad inputs:" in line]
+    assert len(lines) == 1, done.stdout + done.stderr
+    counts = re.search(r"(\d+) bad inputs: bare (\d+) / silent (\d+) / clear (\d+)", lines[0])
+    total, bare, silent, clear = map(int, counts.groups())
+    assert (bare, silent) == (0, 0) and clear == total > 100 and done.returncode == 0, done.stdout
+    import json
+
+    assert len(json.loads((tmp_path / "c.json").read_text())["rows"]) == total
+
+
+def test_the_census_line_shows_a_bare_and_a_silent_answer_when_there_are_some():
+    # the control: the one line can report what the test above requires to be zero
+    from collections import Counter
+
+    line = census_tool().summary(Counter({"bare exception": 2, "silent": 1, "clear": 5, "no phrase": 1}), 9, Path("h"))
+    assert "bare 2 / silent 1 / clear 5" in line and "no phrase 1" in line

@@ -1,8 +1,10 @@
 """The setup check a workshop attendee runs first: each failure names its fix."""
 
+import shutil
 import subprocess
 import sys
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +70,69 @@ def test_the_command_line_check_exits_1_when_a_line_fails():
                "sys.exit(e.main())")
     done = subprocess.run([sys.executable, "-c", failing], capture_output=True, text=True)
     assert done.returncode == 1 and "NOT ready" in done.stdout
+
+
+UNWRITABLE = "/proc/gemma-course-check"  # no process, root included, can create anything here
+needs_proc = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc for a folder nobody can write")
+
+
+def line_named(report, start: str):
+    return next(c for c in report.checks if c.name.startswith(start))
+
+
+@pytest.mark.parametrize("variable,line", [("GEMMA_COURSE_CACHE", "course cache"), ("HF_HUB_CACHE", "download cache"),
+                                           ("HF_HOME", "huggingface home")])
+def test_a_cache_variable_naming_a_file_fails_its_line(variable, line, tmp_path, monkeypatch):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    monkeypatch.setenv(variable, str(a_file))
+    report = environment.check()
+    assert line_named(report, line).status == environment.FAIL and variable in line_named(report, line).fix
+    assert not report.ready and "NOT ready" in str(report)
+
+
+@pytest.mark.parametrize("variable,line", [("GEMMA_COURSE_CACHE", "course cache"), ("HF_HUB_CACHE", "download cache"),
+                                           ("HF_HOME", "huggingface home")])
+def test_the_same_variables_naming_writable_folders_pass(variable, line, tmp_path, monkeypatch):
+    # the control: a folder, existing or to be created, that can be written
+    monkeypatch.setenv(variable, str(tmp_path / "new" / "folder"))
+    assert line_named(environment.check(), line).status == environment.OK
+    assert not (tmp_path / "new").exists()  # the check created nothing
+
+
+@needs_proc
+def test_an_unwritable_hf_home_fails_its_line_and_the_download_cache_under_it(monkeypatch):
+    monkeypatch.setenv("HF_HOME", UNWRITABLE)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    report = environment.check()
+    assert line_named(report, "huggingface home").status == environment.FAIL
+    assert "cannot be written" in line_named(report, "huggingface home").value
+    assert line_named(report, "download cache").status == environment.FAIL and not report.ready
+
+
+def test_too_little_free_disk_for_the_chosen_model_fails_and_enough_passes(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMA_COURSE_CACHE", str(tmp_path))  # nothing built there yet
+    need = environment.checkpoint_bytes("e2b-shape")
+    assert need > 1e9  # what is compared varies with the model: tiny needs far less
+    assert environment.checkpoint_bytes("tiny") < need / 1000
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(environment.shutil, "disk_usage", lambda path: usage._replace(free=need - 1))
+    short = environment.model_disk_check("e2b-shape")
+    assert short.status == environment.FAIL and "GEMMA_COURSE_CACHE" in short.fix
+    monkeypatch.setattr(environment.shutil, "disk_usage", lambda path: usage._replace(free=need))
+    assert environment.model_disk_check("e2b-shape").status == environment.OK  # the control: exactly enough
+    monkeypatch.setattr(environment.shutil, "disk_usage", lambda path: usage._replace(free=int(16e9) - 1))
+    hub = environment.model_disk_check("google/gemma-4-E4B-it")  # not downloaded into this empty cache
+    assert hub.status == environment.FAIL and "GEMMA_COURSE_CACHE" in hub.fix and "16.0 GB" in hub.fix
+
+
+def test_the_command_line_check_refuses_an_argument_it_does_not_know():
+    done = subprocess.run([sys.executable, "-m", "helpers.environment", "--bogus"], capture_output=True, text=True)
+    assert done.returncode == 2 and "unrecognized arguments: --bogus" in done.stderr
+    assert "ready for the course" not in done.stdout and "Traceback" not in done.stderr
+
+
+def test_the_command_line_check_takes_the_model_it_is_told(tmp_path):
+    # the control beside the refusal: a known option is read, and names the model in its disk line
+    done = subprocess.run([sys.executable, "-m", "helpers.environment", "--model", "tiny"], capture_output=True, text=True)
+    assert done.returncode in (0, 1) and "disk for tiny" in done.stdout

@@ -76,3 +76,27 @@ def test_every_notebook_ends_with_two_or_three_exercises_wired_to_the_checker(pa
     first = next(i for i, cell in enumerate(cells) if cell.cell_type == "markdown" and cell.source.startswith("## Exercises"))
     later_code = [cell for cell in cells[first:] if cell.cell_type == "code"]
     assert all("exercises.check(" in c.source or "answer" in c.source or "release_gpu" in c.source for c in later_code)
+
+
+def test_an_exercise_that_needs_no_model_accepts_the_source_keyword_the_docstring_shows():
+    from helpers import paths
+
+    assert exercises.check("00.1", paths.CACHE_ENV, source="tiny").correct is True
+    assert exercises.check("00.1", "HF_HOME", source="tiny").correct is False  # the control: a wrong answer still fails
+
+
+def test_a_misspelt_keyword_is_refused_not_ignored():
+    from helpers.errors import InvalidChoiceError
+
+    with pytest.raises(InvalidChoiceError, match="source=MODEL_NAME"):
+        exercises.check("04.1", 1.0, sorce="tiny")
+
+
+def test_a_numeric_answer_computed_as_a_0d_tensor_is_read_as_its_number():
+    from helpers import planner
+
+    expected = planner.predict("e4b-shape", "nf4", "cpu", 16384).peak_bytes / 1e9
+    assert exercises.check("06.1", torch.tensor(expected)).correct is True
+    assert exercises.check("06.1", torch.tensor(expected * 2)).correct is False  # the control: a wrong number fails
+    assert exercises.check("06.1", torch.tensor(True)).correct is False  # a bool is not a number
+    assert exercises.check("06.1", torch.tensor([expected, expected])).correct is False  # nor are two

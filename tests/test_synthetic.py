@@ -393,3 +393,73 @@ def test_a_large_build_uses_at_most_half_the_free_memory_so_a_small_machine_is_n
     assert synthetic._default_workers(16 * 10**9) == workers
     assert workers * synthetic.WORKER_BYTES <= max(available_gb * 1e9 / 2, synthetic.WORKER_BYTES)
     assert synthetic._default_workers(synthetic.PARALLEL_FROM_BYTES - 1) == 1  # tiny: one process, no spawning
+
+
+def test_a_full_disk_during_a_build_gets_one_sentence_and_leaves_nothing_half_written(tmp_path, monkeypatch):
+    import errno
+
+    from helpers.errors import DiskFullError
+
+    def full(path, offset, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(synthetic, "_write_at", full)
+    dest = tmp_path / "tiny"
+    with pytest.raises(DiskFullError, match="no room on the disk") as refused:
+        synthetic.build("tiny", dest, workers=1, progress=False)
+    assert "\n" not in str(refused.value) and "GEMMA_COURSE_CACHE" in str(refused.value)
+    assert list(tmp_path.iterdir()) == []  # no checkpoint, no staging folder
+
+
+def test_an_error_that_is_not_a_full_disk_is_not_called_one(tmp_path, monkeypatch):
+    # the control: only a write with no room is reported as a full disk
+    import errno
+
+    def broken(path, offset, data):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(synthetic, "_write_at", broken)
+    with pytest.raises(OSError) as raised:
+        synthetic.build("tiny", tmp_path / "tiny", workers=1, progress=False)
+    assert not isinstance(raised.value, CourseError) and raised.value.errno == errno.EIO
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(__import__("sys").platform == "win32", reason="ulimit -f (RLIMIT_FSIZE) is a POSIX limit")
+@pytest.mark.parametrize("limit", [200_000, None], ids=["a-file-size-limit", "control-no-limit"])
+def test_a_build_under_a_file_size_limit_says_so_and_leaves_nothing_behind(tmp_path, limit):
+    import os
+    import subprocess
+    import sys
+
+    dest = tmp_path / "tiny"
+    script = ("import resource, signal, sys\n"
+              "from helpers import synthetic\n"
+              "from helpers.errors import DiskFullError\n"
+              f"if {limit!r}:\n"
+              "    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              f"    resource.setrlimit(resource.RLIMIT_FSIZE, ({limit!r}, {limit!r}))\n"
+              "try:\n"
+              f"    synthetic.build('tiny', {str(dest)!r}, workers=1, progress=False)\n"
+              "except DiskFullError as err:\n"
+              "    print(err)\n"
+              "    sys.exit(3)\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ, timeout=300)
+    if limit:
+        assert run.returncode == 3 and "no room on the disk" in run.stdout and "Traceback" not in run.stderr, run.stderr
+        assert list(tmp_path.iterdir()) == []
+    else:
+        assert run.returncode == 0, run.stderr
+        assert synthetic.is_complete(dest)
+
+
+def test_the_build_command_refuses_no_workers_in_one_sentence_before_building(capsys):
+    assert synthetic.main(["tiny", "--workers", "0"]) == 2
+    captured = capsys.readouterr()
+    assert "workers=0" in captured.err and "Traceback" not in captured.err and "built in" not in captured.out
+
+
+def test_the_build_command_still_builds_with_one_worker(capsys):
+    # the control beside the refusal
+    assert synthetic.main(["tiny", "--workers", "1"]) == 0
+    assert "built in" in capsys.readouterr().out

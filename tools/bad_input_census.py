@@ -41,9 +41,21 @@ def census(workdir: Path) -> list:
     for case in table.CASES:
         if case[0] in table.CUDA_ONLY_ROWS and not table.NO_CUDA:
             continue
+        if case[0] in table.LLAMA_CPP_ROWS and not table.gguf_route.installed():
+            continue
         outcome, detail = table.answer(case, inputs)
         rows.append({"input": case[0], "outcome": outcome, "detail": detail})
     return rows
+
+
+MAIN_OUTCOMES = ("bare exception", "silent", "clear")  # the issue's three columns, always shown
+
+
+def summary(counts: Counter, total: int, helpers_dir: Path) -> str:
+    """One line: bare / silent / clear, then any CourseError that names no fix or the wrong class."""
+    others = [f"{outcome} {n}" for outcome, n in counts.most_common() if outcome not in MAIN_OUTCOMES]
+    return (f"helpers from {helpers_dir}: {total} bad inputs: bare {counts['bare exception']} / silent {counts['silent']} / "
+            f"clear {counts['clear']}" + (f" ({', '.join(others)})" if others else ""))
 
 
 def main(argv=None) -> int:
@@ -58,8 +70,7 @@ def main(argv=None) -> int:
     for row in rows:
         if row["outcome"] != "clear":
             print(f"{row['outcome']:<15} {row['input']}: {row['detail']}")
-    print(f"helpers from {Path(helpers.__file__).parent}: {len(rows)} bad inputs; "
-          + ", ".join(f"{outcome} {n}" for outcome, n in counts.most_common()))
+    print(summary(counts, len(rows), Path(helpers.__file__).parent))
     if args.json:
         record = {"helpers": str(Path(helpers.__file__).parent), "counts": dict(counts), "rows": rows}
         args.json.write_text(json.dumps(record, indent=1) + "\n")
