@@ -117,8 +117,8 @@ def add_adapters(model, rank: int = RANK, alpha: int = ALPHA, *, seed: int = 0):
 
 
 def upcast_bytes(model) -> dict:
-    """What ``peft.prepare_model_for_kbit_training`` would add, by part (``placement.part_of``): it casts every bf16
-    and fp16 weight that is not 4-bit to fp32, the PLE table and the embeddings included."""
+    """What ``peft.prepare_model_for_kbit_training`` would add, by part (``placement.part_of``), the largest first: it
+    casts every bf16 and fp16 weight that is not 4-bit to fp32, the PLE table and the embeddings included."""
     placement.require_model(model)
     added: dict = {}
     for module_name, _, tensor_name, tensor in placement.unique_tensors(model):
@@ -126,7 +126,7 @@ def upcast_bytes(model) -> dict:
                 type(tensor).__name__ != "Params4bit":
             part = placement.part_of(f"{module_name}.{tensor_name}")
             added[part] = added.get(part, 0) + tensor.numel() * (4 - tensor.element_size())
-    return added
+    return dict(sorted(added.items(), key=lambda item: -item[1]))
 
 
 def prepare(model, *, upcast: bool = False):
@@ -287,6 +287,15 @@ def load_adapter(base, folder):
 
     placement.require_model(base, "base")
     return PeftModel.from_pretrained(base, Path(folder))
+
+
+def load_beside(model, folder, name: str = "reloaded") -> str:
+    """Load a saved adapter beside the ones ``model`` has, on the same base (no second copy of the weights), and
+    make it the active one; ``model.set_adapter("default")`` switches back."""
+    placement.require_model(model)
+    model.load_adapter(Path(folder), adapter_name=name)
+    model.set_adapter(name)
+    return name
 
 
 def merge(model):
