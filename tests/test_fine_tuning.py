@@ -118,6 +118,19 @@ def test_a_saved_adapter_loads_back_exactly_in_weights_and_logits(tiny_path, ids
     assert not torch.equal(logits(other, ids), logits(trained, ids))
 
 
+@pytest.mark.parametrize("quant", ["bf16", "nf4"])
+def test_an_adapter_loaded_beside_the_trained_one_gives_its_logits_on_the_same_base(tiny_path, ids, tmp_path, quant):
+    model = fine_tuning.qlora("tiny", device="cpu", quant=quant)
+    fine_tuning.train(model, fine_tuning.pattern_batch(model, 32), steps=2, learning_rate=1e-2, progress=False)
+    folder = fine_tuning.save_adapter(model, tmp_path / "adapter")
+    assert fine_tuning.load_beside(model, folder, "reloaded") == "reloaded" and model.active_adapters == ["reloaded"]
+    reloaded = logits(model, ids)
+    model.set_adapter("default")
+    assert torch.equal(logits(model, ids), reloaded)
+    with model.disable_adapter():  # the control: the base alone
+        assert not torch.equal(logits(model, ids), reloaded)
+
+
 def test_saving_again_replaces_the_folder_whole(tiny_path, tmp_path):
     folder = fine_tuning.save_adapter(perturbed(seed=3), tmp_path / "adapter")
     first = (folder / "adapter_model.safetensors").read_bytes()
