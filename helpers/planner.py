@@ -899,7 +899,8 @@ class CoursePlan:
 
     def rows(self) -> list:
         return [(choice.step, STEPS[choice.step].title,
-                 f"{choice.model}, {choice.quant}, PLE on {choice.ple}, prompts up to {choice.context:,} tokens"
+                 f"{choice.model}, {choice.quant}, PLE on {choice.ple}, "
+                 f"{'sequences' if STEPS[choice.step].training else 'prompts'} up to {choice.context:,} tokens"
                  if choice else "from records") for choice in self.choices]
 
     def __str__(self) -> str:
