@@ -11,6 +11,7 @@ Imports point down this list, never up:
     placement, quantization        device maps and the PLE offload; bitsandbytes configs
     weights                        bytes per part from the meta model, before loading
     loading                        load_model(source, quant, ple, device)
+    fine_tuning                    LoRA adapters on the text decoder, QLoRA's set-up, a task to learn, the training loop
     long_context, decoding         long prompts without copies (chunks, window-sized cache); greedy decoding in CUDA graphs
     records                        readers of the recorded results (data/measurements, gpu-tier, gguf, chat, cited)
     planner                        predict / fits: memory before loading, from a config and the records

@@ -205,3 +205,54 @@ def decode_speeds(records: dict, ax=None):
     ax.invert_yaxis()
     ax.set_xlabel("decode tokens/s, batch 1")
     return ax
+
+
+def training_memory(estimates: dict, ax=None, card_gb=SIMULATED_CARDS_GB, measured: dict | None = None):
+    """Stacked bars of one LoRA training step's GPU memory against the sequence length, by kind of term
+    (``estimates``: sequence -> ``planner.TrainingEstimate``); ``measured``: sequence -> peak bytes recorded."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    kinds = {"weights": lambda term: term.startswith("weights"),
+             "adapters, gradients, optimizer": lambda term: "adapter" in term or "gradients (fp32)" in term
+             or term.startswith("optimizer"),
+             "activations (checkpointed)": lambda term: "layer" in term,
+             "logits and the loss": lambda term: term.startswith("logits")}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    sequences = list(estimates)
+    x = np.arange(len(sequences))
+    bottom = np.zeros(len(sequences))
+    for kind, belongs in kinds.items():
+        values = np.array([sum(v for t, v in estimates[n].terms.items() if belongs(t)) / 1e9 for n in sequences])
+        ax.bar(x, values, 0.6, bottom=bottom, label=kind)
+        bottom += values
+    if measured:
+        ax.plot([sequences.index(n) for n in measured if n in sequences],
+                [measured[n] / 1e9 for n in measured if n in sequences], "ko", label="measured peak")
+    for gb in card_gb:
+        ax.axhline(gb, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f"{gb:g} GB card", (0, gb), xycoords=("axes fraction", "data"), xytext=(4, 3),
+                    textcoords="offset points", fontsize=8, color="grey")
+    ax.set_xticks(x, [f"{n:,}" for n in sequences])
+    ax.set_xlabel("tokens per training sequence")
+    ax.set_ylabel("GB on the GPU (planner)")
+    first = next(iter(estimates.values()))
+    ax.set_title(f"One LoRA step of {first.model}, {first.quant}, PLE on {first.ple}", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    return ax
+
+
+def loss_curves(curves: dict, ax=None):
+    """The loss of each training step, one line per run (``curves``: label -> list of losses)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    for label, losses in curves.items():
+        ax.plot(range(1, len(losses) + 1), losses, marker=".", label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (cross-entropy)")
+    ax.set_title("The copy task", fontsize=10)
+    ax.legend(fontsize=8)
+    return ax

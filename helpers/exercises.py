@@ -284,3 +284,20 @@ def _tuned_saving(answer):
 def _bytes_per_token(answer):
     expected = planner.decode_bytes_per_token("e4b-shape", "nf4", "cpu") / 1e9
     return within(answer, expected, 0.05), f"about {expected:.2f} GB; a card's bandwidth over it is its fastest decode."
+
+
+@exercise("10.1", "How many numbers do rank-8 LoRA adapters on E4B's text decoder train (attention and MLP projections)? "
+          "Within 1%.",
+          "rank x (in + out) for every wrapped projection; planner.predict_training(\"e4b-shape\") counts them.")
+def _adapter_parameters(answer):
+    expected = planner.predict_training("e4b-shape").adapter_parameters
+    return within(answer, expected, 0.01), f"{expected:,}: rank x (in + out), summed over the wrapped projections."
+
+
+@exercise("10.2", "Beside the weights, which term of planner.predict_training(\"e4b-shape\", sequence=512) is the largest? "
+          "Give its name as the planner prints it.",
+          "print the estimate and compare the terms that do not start with 'weights'.")
+def _largest_training_term(answer):
+    terms = planner.predict_training("e4b-shape", sequence=512).terms
+    largest = max((term for term in terms if not term.startswith("weights")), key=terms.get)
+    return str(answer).strip() == largest, f"{largest!r}: several values per token for every entry of the vocabulary."

@@ -10,6 +10,9 @@ and a context length, before anything is loaded; and whether that fits a learner
                (python -m helpers.planner calibrate  ->  data/planner/activations.json)
   logits       generate() keeps the last position only (inside c0); a plain forward over the whole
                prompt keeps n x vocab of them, which predict(all_logits=True) adds
+  training     predict_training(config, sequence=N): one LoRA step with gradient checkpointing, derived from
+               the shapes (weights, adapters, their gradients and optimizer state, the layer inputs checkpointing
+               keeps, one layer recomputed, the logits and the loss); tests/gpu/test_fine_tuning_gpu.py measures it
   chunked      predict(prefill_chunk=N, path=...): a prefill in chunks of N tokens holds the activations of
                one chunk (the measured profile at N) plus what grows with the whole context while a chunk
                runs, derived from the shapes transformers uses (``chunked_prefill_terms``): on the plain
@@ -31,11 +34,12 @@ from pathlib import Path
 
 from .cards import CARDS, SYSTEM_RAM_ALLOWANCE_BYTES, budget_bytes
 from .errors import CourseError, require_bool, require_choice, require_module_names, require_positive_number, require_whole_number
+from .fine_tuning import ADAM_STATE_BYTES, RANK, adapter_shapes
 from .long_context import DEFAULT_CHUNK
 from .models import load_config as _load_config
 from .models import requested, smaller_siblings
 from .paths import PLANNER_DIR, write_text_atomically
-from .placement import PLACEMENTS
+from .placement import PLACEMENTS, human_bytes
 from .quantization import QUANTS
 from .records import gpu_tier_host, latest_records, read_json
 from .weights import GPU_HEADROOM_BYTES, WeightEstimate, meta_model, weight_bytes
@@ -560,6 +564,124 @@ def holdout(records: list) -> dict:
     return {kind: (worst_in[kind], max(abs(e) for e in errors[kind])) for kind in errors}
 
 
+# --- training: the peak of one LoRA step with gradient checkpointing ------------------------------
+#
+# Derived from the shapes, not fitted: the GPU bench (tests/gpu/test_fine_tuning_gpu.py) records the measured peak
+# beside this prediction. Per logit over the whole vocabulary, the step holds the bf16 logits (2 bytes), the tanh
+# output the final soft-capping keeps for backward (2), the loss's fp32 upcast (4), its log-softmax (4) and the
+# gradient (4).
+LOGIT_BYTES_PER_VALUE = 16
+ACTIVATION_BYTES = 2  # bf16 activations
+ADAPTER_BYTES = 4  # peft keeps the adapters in fp32 (autocast_adapter_dtype)
+
+
+@dataclass
+class TrainingEstimate:
+    """What ``predict_training`` returns: GPU bytes of the weights and at the peak of one training step, by term."""
+    model: str
+    quant: str
+    ple: str
+    sequence: int
+    batch: int
+    rank: int
+    optimizer: str
+    adapter_parameters: int
+    resident_bytes: int
+    peak_bytes: int
+    cpu_bytes: int
+    terms: dict
+
+    @property
+    def context(self) -> int:
+        return self.sequence
+
+    def __str__(self) -> str:
+        lines = [f"{self.model}, {self.quant}, PLE on {self.ple}, LoRA rank {self.rank} "
+                 f"({self.adapter_parameters:,} parameters), {self.optimizer}, batch {self.batch} x {self.sequence:,} tokens:",
+                 f"  weights {self.resident_bytes / 1e9:6.2f} GB   training step peak {self.peak_bytes / 1e9:6.2f} GB   "
+                 f"(PLE table on CPU: {self.cpu_bytes / 1e9:.2f} GB)"]
+        lines += [f"    {term:<52} {human_bytes(size):>10}" for term, size in self.terms.items()]
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+
+@functools.lru_cache(maxsize=32)
+def _named_adapter_shapes(name: str) -> tuple:
+    return tuple(adapter_shapes(meta_model(load_config(name))).items())
+
+
+def widest_layer_outputs(shapes) -> int:
+    """Values per token that the widest decoder layer's wrapped projections produce (what recomputing it holds)."""
+    per_layer: dict = {}
+    for name, (_, fan_out) in shapes:
+        layer = name.split(".layers.")[1].split(".")[0]
+        per_layer[layer] = per_layer.get(layer, 0) + fan_out
+    return max(per_layer.values(), default=0)
+
+
+def predict_training(config, quant: str = "nf4", ple: str = "cpu", sequence: int = 512, *, batch: int = 1,
+                     rank: int = RANK, optimizer: str = "paged_adamw_8bit") -> TrainingEstimate:
+    """Predict the GPU peak of one LoRA training step on ``batch`` sequences of ``sequence`` tokens, gradient
+    checkpointing on, without loading weights. ``optimizer``: ``"paged_adamw_8bit"`` (the GPU's) or ``"adamw"``."""
+    require_choice(quant, QUANTS, "quant")
+    require_choice(ple, PLACEMENTS, "ple")
+    require_choice(optimizer, list(ADAM_STATE_BYTES), "optimizer")
+    batch = require_whole_number(batch, "batch")
+    rank = require_whole_number(rank, "rank")
+    label = config if isinstance(config, str) else None
+    config = load_config(config)
+    sequence = require_context(config, sequence)
+    if label is not None:
+        weights = _named_weight_bytes(label, quant, ple, (), False)
+        shapes = _named_adapter_shapes(label)
+    else:
+        skeleton = meta_model(config)
+        weights = weight_bytes(skeleton, quant=quant, ple=ple)
+        shapes = tuple(adapter_shapes(skeleton).items())
+    values = config_values(config)
+    parameters = sum(rank * (fan_in + fan_out) for _, (fan_in, fan_out) in shapes)
+    tokens = batch * sequence
+    layers, hidden = values["num_hidden_layers"], values["hidden_size"]
+    ple_width = values.get("hidden_size_per_layer_input") or 0
+    terms = {f"weights: {part}": size for part, size in sorted(weights.by_course_part().items(), key=lambda kv: -kv[1])}
+    terms["LoRA adapters (fp32)"] = parameters * ADAPTER_BYTES
+    terms["their gradients (fp32)"] = parameters * ADAPTER_BYTES
+    terms[f"optimizer state ({optimizer})"] = parameters * ADAM_STATE_BYTES[optimizer]
+    terms["layer inputs kept by checkpointing"] = tokens * layers * (hidden + ple_width) * ACTIVATION_BYTES
+    terms["one layer recomputed: activations and gradients"] = (
+        2 * tokens * (widest_layer_outputs(shapes) + 4 * hidden) * ACTIVATION_BYTES)
+    terms["logits, the loss and its gradient"] = tokens * values["vocab_size"] * LOGIT_BYTES_PER_VALUE
+    name = label or getattr(config, "_name_or_path", "") or "model"
+    return TrainingEstimate(str(name), quant, ple, sequence, batch, rank, optimizer, parameters, weights.gpu_bytes,
+                            int(sum(terms.values())), weights.cpu_bytes, terms)
+
+
+def training_fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", sequence: int = 512, *,
+                  batch: int = 1, rank: int = RANK, calibration: dict | None = None) -> CardVerdict:
+    """Does a LoRA step on ``sequence`` tokens fit a card of ``card_gb`` GB, and what is the longest sequence that
+    does? The same margins as ``fits``: the allocator's reserve on what the step adds beside the weights."""
+    require_positive_number(card_gb, "card_gb")
+    calibration = calibration or load_calibration()
+    estimate = predict_training(config, quant, ple, sequence, batch=batch, rank=rank)
+    card = card_gb * 1e9
+    if estimate.resident_bytes + GPU_HEADROOM_BYTES > card:
+        return CardVerdict(card_gb, False, False, None, estimate)
+    longest = text_config_of(load_config(config)).max_position_embeddings
+
+    def fits_in_card(n: int, reserve: float) -> bool:
+        step = predict_training(config, quant, ple, n, batch=batch, rank=rank)
+        return step.resident_bytes + (1 + reserve) * (step.peak_bytes - step.resident_bytes) <= card
+
+    def largest(reserve: float):
+        return largest_true(1, longest, lambda n: fits_in_card(n, reserve), resolution=64)
+
+    worst = calibration.get("allocator_reserve_worst", calibration["allocator_reserve"])
+    return CardVerdict(card_gb, True, fits_in_card(sequence, worst), largest(calibration["allocator_reserve"]), estimate,
+                       safe_context=largest(worst), unfragmented_context=largest(0.0))
+
+
 # --- host memory: what loading and generating take in RAM ------------------------------------------
 #
 #   anonymous     what a process really owns (Python, torch, the CUDA context's host side, tensors
@@ -641,6 +763,7 @@ class Step:
     setups: tuple
     context: int = 64
     keep_bf16: tuple = ()
+    training: bool = False  # a LoRA training step (predict_training), not a prefill
 
 
 # Every live step of the notebooks, by notebook: one place for what each needs.
@@ -659,6 +782,7 @@ STEPS = {
     "08.transformers": Step("the transformers side of the llama.cpp comparison", (("nf4", "cpu"),), context=64),
     "09.long": Step("long prompts, plain and tuned", (("nf4", "cpu"),), context=8192),
     "09.decode": Step("decoding speed and its profile", (("nf4", "cpu"),), context=32 + 256),
+    "10.train": Step("LoRA training steps on the copy task", (("nf4", "cpu"),), context=512, training=True),
 }
 MIN_CONTEXT = 64  # a shorter prompt than this shows nothing a step is about
 
@@ -728,7 +852,10 @@ def choose(step: str, model=None, device=None, *, card_gb=None, context: int | N
         tokens = min(tokens, text_config_of(load_config(candidate)).max_position_embeddings)
         if budget is None:
             return tokens, None
-        found = fits(candidate, budget / 1e9, quant, ple, tokens, wanted.keep_bf16, calibration=calibration)
+        if wanted.training:
+            found = training_fits(candidate, budget / 1e9, quant, ple, tokens, calibration=calibration)
+        else:
+            found = fits(candidate, budget / 1e9, quant, ple, tokens, wanted.keep_bf16, calibration=calibration)
         need = found.estimate.resident_bytes + GPU_HEADROOM_BYTES
         if not found.loads:
             return None, need
@@ -753,7 +880,8 @@ def choose(step: str, model=None, device=None, *, card_gb=None, context: int | N
                     how += (f": {name} needs {first_need / 1e9:.1f} GB" if first_need else f": {name} does not fit the host's memory")
                     how += f", so {candidate}, the same architecture smaller, runs it"
                 if shorter:
-                    how += f", with prompts up to {tokens:,} tokens (a {context:,}-token one does not fit)"
+                    what = "sequences" if wanted.training else "prompts"
+                    how += f", with {what} up to {tokens:,} tokens (a {context:,}-token one does not fit)"
                 return Choice(step, candidate, quant, ple, tokens, f"{wanted.title}: {how}.")
     quant, ple = wanted.setups[0]
     lacking = (f"{name}, {quant}, PLE on {ple} needs {first_need / 1e9:.1f} GB with headroom and {where}"
@@ -771,7 +899,8 @@ class CoursePlan:
 
     def rows(self) -> list:
         return [(choice.step, STEPS[choice.step].title,
-                 f"{choice.model}, {choice.quant}, PLE on {choice.ple}, prompts up to {choice.context:,} tokens"
+                 f"{choice.model}, {choice.quant}, PLE on {choice.ple}, "
+                 f"{'sequences' if STEPS[choice.step].training else 'prompts'} up to {choice.context:,} tokens"
                  if choice else "from records") for choice in self.choices]
 
     def __str__(self) -> str:

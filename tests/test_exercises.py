@@ -21,7 +21,7 @@ WRONG = {
     "03.1": {"vision_tower": "cpu", "": 0}, "03.2": "model", "04.1": "model.language_model.layers.0.mlp.down_proj",
     "04.2": "model.language_model.embed_tokens", "05.1": 2.0, "05.2": 262144 * 2, "06.1": 3.88, "06.2": 40000,
     "07.1": [{"role": "user", "content": "Hello"}], "07.2": "<eos>", "08.1": "Q8_0", "08.2": "gemma3",
-    "09.1": 0.0, "09.2": 0.5,
+    "09.1": 0.0, "09.2": 0.5, "10.1": 8 * 2560 * 2, "10.2": "optimizer state (paged_adamw_8bit)",
 }
 
 

@@ -1,0 +1,310 @@
+"""Fine-tuning with LoRA adapters on a quantized base (QLoRA): which modules to wrap, the set-up a card
+needs, a task random weights can learn, and a short training loop.
+
+LoRA leaves every weight ``W`` of the base frozen and adds, beside each wrapped projection, two small
+matrices ``A`` (in x r) and ``B`` (r x out): the layer computes ``x W + (x A B) * alpha / r``. ``B``
+starts at zero, so the wrapped model starts exactly where the base is, and only ``A`` and ``B`` learn.
+The PLE table is a lookup that no adapter touches and no gradient reaches: it stays on the CPU, frozen,
+as it does for inference (``placement.offload_ple`` finds it under peft's ``base_model.model.`` prefix).
+
+    from helpers import fine_tuning
+    model = fine_tuning.qlora("e4b-shape", device=0)           # NF4, PLE on the CPU, adapters on the decoder
+    batch = fine_tuning.pattern_batch(model, length=512)
+    run = fine_tuning.train(model, batch, steps=20)            # run.losses falls
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import loading, placement
+from .errors import InvalidChoiceError, require_bool, require_positive_number, require_whole_number
+
+# The attention and MLP projections of the text decoder. The towers' projections carry the same names
+# but are Gemma4ClippableLinear wrappers, which peft refuses as LoRA targets; the tables are lookups.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TARGET_PATTERN = r".*language_model\.layers\.\d+\.(self_attn|mlp)\.(" + "|".join(PROJECTIONS) + ")"
+KEPT_OUT = {
+    "vision_tower": "the vision tower: images are not what this task teaches",
+    "audio_tower": "the audio tower: sound is not what this task teaches",
+    "embed_tokens": "the token embeddings, tied to the output head: a lookup, frozen",
+    placement.PLE_SUFFIX: "the PLE table: a lookup on the CPU, frozen",
+    "per_layer_": "the PLE path's projections and gates: small, left as they are",
+}
+RANK = 8
+ALPHA = 16
+ADAM_STATE_BYTES = {"adamw": 8, "paged_adamw_8bit": 2}  # bytes of optimizer state per trainable parameter
+
+
+def is_target(name: str) -> bool:
+    """Whether a module name is one LoRA wraps (peft matches ``TARGET_PATTERN`` against the whole name)."""
+    return re.fullmatch(TARGET_PATTERN, name) is not None
+
+
+def lora_config(rank: int = RANK, alpha: int = ALPHA, dropout: float = 0.0):
+    """peft's ``LoraConfig`` for the text decoder's projections (``B`` starts at zero: peft's default)."""
+    from peft import LoraConfig
+
+    rank = require_whole_number(rank, "rank")
+    require_positive_number(alpha, "alpha")
+    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=TARGET_PATTERN,
+                      bias="none", task_type="CAUSAL_LM")
+
+
+def adapter_shapes(model) -> dict:
+    """(in, out) features of every projection LoRA wraps, by module name; works on a meta model."""
+    return {name: (module.in_features, module.out_features) for name, module in model.named_modules()
+            if is_target(name) and hasattr(module, "in_features")}
+
+
+def adapter_parameters(model, rank: int = RANK) -> int:
+    """How many numbers the adapters hold: ``rank x (in + out)`` per wrapped projection."""
+    return sum(rank * (fan_in + fan_out) for fan_in, fan_out in adapter_shapes(model).values())
+
+
+@dataclass
+class Targets:
+    """What LoRA wraps in a model and what it keeps out, and why."""
+    wrapped: dict  # projection -> how many
+    layers: int
+    kept_out: dict  # part -> (modules, why)
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{name} x{count}" for name, count in self.wrapped.items())
+        lines = [f"wrapped: {sum(self.wrapped.values())} projections in {self.layers} decoder layers ({counts})",
+                 "kept out:"]
+        lines += [f"  {part:<24} {modules:>4} modules  {why}" for part, (modules, why) in self.kept_out.items()]
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+
+def targets(model) -> Targets:
+    """Which modules LoRA wraps and which it keeps out (the towers, the tables), counted on ``model``."""
+    placement.require_model(model)
+    names = [name for name, _ in model.named_modules()]
+    wanted = [name for name in names if is_target(name) and ".lora_" not in name]
+    wrapped = {projection: sum(name.endswith("." + projection) for name in wanted) for projection in PROJECTIONS}
+    layers = len({re.search(r"layers\.(\d+)\.", name).group(1) for name in wanted})
+    kept = {}
+    for part, why in KEPT_OUT.items():
+        inside = [name for name, module in model.named_modules()
+                  if any(piece == part or (part.endswith("_") and piece.startswith(part)) for piece in name.split("."))
+                  and next(module.parameters(recurse=False), None) is not None and ".lora_" not in name]
+        if inside:
+            kept[part] = (len(inside), why)
+    return Targets(wrapped, layers, kept)
+
+
+def add_adapters(model, rank: int = RANK, alpha: int = ALPHA, *, seed: int = 0):
+    """Wrap ``model`` with peft's LoRA on the text decoder's projections (``A`` drawn from ``seed``, ``B`` zero)."""
+    from peft import get_peft_model
+
+    placement.require_model(model)
+    config = lora_config(rank, alpha)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
+
+
+def upcast_bytes(model) -> dict:
+    """What ``peft.prepare_model_for_kbit_training`` would add, by part (``placement.part_of``), the largest first: it
+    casts every bf16 and fp16 weight that is not 4-bit to fp32, the PLE table and the embeddings included."""
+    placement.require_model(model)
+    added: dict = {}
+    for module_name, _, tensor_name, tensor in placement.unique_tensors(model):
+        if isinstance(tensor, torch.nn.Parameter) and tensor.dtype in (torch.bfloat16, torch.float16) and \
+                type(tensor).__name__ != "Params4bit":
+            part = placement.part_of(f"{module_name}.{tensor_name}")
+            added[part] = added.get(part, 0) + tensor.numel() * (4 - tensor.element_size())
+    return dict(sorted(added.items(), key=lambda item: -item[1]))
+
+
+def prepare(model, *, upcast: bool = False):
+    """Ready a loaded model for LoRA training: every weight frozen, gradient checkpointing on (each decoder
+    layer recomputed in the backward pass instead of kept). ``upcast=True`` runs peft's
+    ``prepare_model_for_kbit_training`` instead, which also casts the bf16 weights to fp32 (``upcast_bytes``:
+    on E4B the PLE table doubles in RAM and the embeddings on the GPU), worth it only where memory is plenty."""
+    placement.require_model(model)
+    require_bool(upcast, "upcast")
+    checkpointing = {"use_reentrant": False}  # no input-grad hook needed, and the PLE lookup may return plain rows
+    if upcast:
+        from peft import prepare_model_for_kbit_training
+
+        return prepare_model_for_kbit_training(model, gradient_checkpointing_kwargs=checkpointing)
+    model.requires_grad_(False)
+    if hasattr(model, "activation_checkpointing_enable"):  # the name from transformers 5.2x on
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpointing)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing)
+    return model
+
+
+def qlora(source=None, device=0, rank: int = RANK, alpha: int = ALPHA, *, quant: str = "nf4", seed: int = 0, **load):
+    """The course's QLoRA set-up: ``load_model(source, quant, ple="cpu")`` (4-bit layers computing in bf16, or
+    fp16 on a card without it), every weight frozen, gradient checkpointing, LoRA adapters on the decoder."""
+    model = loading.load_model(source, quant=quant, ple="cpu", device=device, **load)
+    return add_adapters(prepare(model), rank, alpha, seed=seed)
+
+
+def trainable(model) -> list:
+    return [parameter for parameter in model.parameters() if parameter.requires_grad]
+
+
+def optimizer_for(model, learning_rate: float = 1e-3):
+    """bitsandbytes' paged 8-bit AdamW on a GPU (2 bytes of state per parameter, paged out under pressure);
+    torch's AdamW on the CPU, where the paged optimizers do not run."""
+    parameters = trainable(model)
+    if not parameters:
+        raise InvalidChoiceError("the model has no trainable parameters; wrap it with fine_tuning.add_adapters first.")
+    learning_rate = float(learning_rate)
+    if learning_rate < 0 or not math.isfinite(learning_rate):
+        raise InvalidChoiceError(f"learning_rate={learning_rate!r} is not supported; pass a small positive number, e.g. 1e-3.")
+    if parameters[0].device.type == "cuda":
+        import bitsandbytes
+
+        return bitsandbytes.optim.PagedAdamW8bit(parameters, lr=learning_rate)
+    return torch.optim.AdamW(parameters, lr=learning_rate)
+
+
+def optimizer_name(device) -> str:
+    """The key of ``ADAM_STATE_BYTES`` that ``optimizer_for`` uses on ``device``."""
+    return "paged_adamw_8bit" if torch.device(device).type == "cuda" else "adamw"
+
+
+def pattern_batch(model_or_config, length: int, batch: int = 1, pattern: int = 16, seed: int = 0) -> torch.Tensor:
+    """A copy task random weights can learn: every row is one fixed pattern of ``pattern`` token ids, repeated to
+    ``length``. Only the first repeat is unpredictable; after it, each token is the one ``pattern`` places back."""
+    length = require_whole_number(length, "length", minimum=2, unit="tokens")
+    batch = require_whole_number(batch, "batch")
+    pattern = require_whole_number(pattern, "pattern", minimum=1, maximum=length, unit="tokens")
+    config = getattr(model_or_config, "config", model_or_config)
+    vocab = (getattr(config, "text_config", None) or config).vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(16, vocab, (pattern,), generator=generator)  # past the special tokens
+    return ids.repeat(math.ceil(length / pattern))[:length].expand(batch, length).clone()
+
+
+@dataclass
+class TrainingRun:
+    """What ``train`` returns: the loss of each step, the steps skipped for overflow, the time and the peak."""
+    losses: list
+    skipped: list = field(default_factory=list)  # steps whose loss or gradients were not finite (fp16 overflow)
+    seconds: float = 0.0
+    peak_bytes: int | None = None  # the GPU's peak allocated (None on the CPU)
+    sequence: int = 0
+
+    @property
+    def steps_per_second(self) -> float:
+        return len(self.losses) / self.seconds if self.seconds else float("nan")
+
+    def __str__(self) -> str:
+        peak = "" if self.peak_bytes is None else f", peak {self.peak_bytes / 1e9:.2f} GB"
+        skipped = f"; {len(self.skipped)} step(s) overflowed and were skipped" if self.skipped else "; no overflow"
+        return (f"{len(self.losses)} steps of {self.sequence:,} tokens: loss {self.losses[0]:.3f} -> {self.losses[-1]:.3f}, "
+                f"{self.steps_per_second:.2f} steps/s{peak}{skipped}")
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+
+def train(model, batch: torch.Tensor, steps: int = 20, learning_rate: float = 1e-3, *, optimizer=None,
+          progress: bool = True) -> TrainingRun:
+    """Train the adapters on ``batch`` (labels are the inputs: the model shifts them) for ``steps`` steps.
+
+    Overflow check: where the loss or the gradient norm is not finite (fp16 compute on a T4 can overflow),
+    that step is skipped, as ``torch.amp.GradScaler`` does, and recorded in ``TrainingRun.skipped``."""
+    from tqdm.auto import trange
+
+    placement.require_model(model)
+    steps = require_whole_number(steps, "steps")
+    require_bool(progress, "progress")
+    optimizer = optimizer or optimizer_for(model, learning_rate)
+    parameters = trainable(model)
+    device = placement.compute_device_of(model)
+    batch = batch.to(device)
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    model.train()
+    run = TrainingRun(losses=[], sequence=batch.shape[-1])
+    start = time.perf_counter()
+    bar = trange(steps, desc="training", disable=not progress)
+    for step in bar:
+        loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+        finite = bool(torch.isfinite(loss))
+        if finite:
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm=1.0)
+            finite = bool(torch.isfinite(norm))
+        if finite:
+            optimizer.step()
+        else:
+            run.skipped.append(step)
+        optimizer.zero_grad(set_to_none=True)
+        run.losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{run.losses[-1]:.3f}")
+    if on_gpu:
+        torch.cuda.synchronize(device)
+        run.peak_bytes = torch.cuda.max_memory_allocated(device)
+    run.seconds = time.perf_counter() - start
+    model.eval()
+    return run
+
+
+# ------------------------------------------------------------------ saving, loading, merging
+
+def save_adapter(model, folder) -> Path:
+    """Write the adapters alone (``adapter_model.safetensors`` and ``adapter_config.json``), aside first and then
+    renamed, so a kill leaves the old folder or the new one."""
+    placement.require_model(model)
+    folder = Path(folder)
+    aside = folder.with_name(folder.name + f".partial-{os.getpid()}")
+    shutil.rmtree(aside, ignore_errors=True)
+    model.save_pretrained(aside)
+    if folder.exists():
+        old = folder.with_name(folder.name + f".old-{os.getpid()}")
+        os.replace(folder, old)
+        os.replace(aside, folder)
+        shutil.rmtree(old)
+    else:
+        os.replace(aside, folder)
+    return folder
+
+
+def load_adapter(base, folder):
+    """A base model (loaded as before) with the saved adapters on top (``peft.PeftModel.from_pretrained``)."""
+    from peft import PeftModel
+
+    placement.require_model(base, "base")
+    return PeftModel.from_pretrained(base, Path(folder))
+
+
+def load_beside(model, folder, name: str = "reloaded") -> str:
+    """Load a saved adapter beside the ones ``model`` has, on the same base (no second copy of the weights), and
+    make it the active one; ``model.set_adapter("default")`` switches back."""
+    placement.require_model(model)
+    model.load_adapter(Path(folder), adapter_name=name)
+    model.set_adapter(name)
+    return name
+
+
+def merge(model):
+    """Fold the adapters into the base weights (``merge_and_unload``). On a bf16 base the sum is rounded to bf16;
+    on an NF4 base peft dequantizes, adds and quantizes again, so most of a small update is lost to the 4-bit grid."""
+    placement.require_model(model)
+    return model.merge_and_unload()
+
+
+def adapter_bytes(folder) -> int:
+    """Bytes of the saved adapter file (what you share instead of the whole model)."""
+    return (Path(folder) / "adapter_model.safetensors").stat().st_size
