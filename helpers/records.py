@@ -1,18 +1,19 @@
 """The recorded results: every reader of ``data/measurements`` (the benchmark), ``data/gpu-tier`` (the GPU
 tier), ``data/gguf`` (the llama.cpp route) and ``data/chat`` (plain-string messages per transformers
-release), and the environment stamp every record carries. Reading them needs no GPU."""
+release). Reading them needs no GPU; the lab's ``lab.records`` writes them."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import warnings
 from pathlib import Path
 
 from .errors import InvalidChoiceError, RecordFileError
 from .long_context import positions_written
-from .paths import CHAT_DIR, CITED_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR, write_text_atomically
+from .paths import CHAT_DIR, CITED_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR
 
+# the contexts the long-context benchmark measures; E4B's max_position_embeddings is the last
+LONG_CONTEXTS = (8192, 16384, 32768, 65536, 131072)
 
 class CutRecordNotice(UserWarning):
     """A record file ends in a line a kill cut short: it is skipped, and the next append removes it."""
@@ -78,7 +79,7 @@ def decode_speeds(model: str = "e4b-shape", quant: str = "nf4", directory: Path 
             speeds[c.get("route") or f"ple-{c['ple']}"] = record["decode_tokens_per_s"]
     if not speeds:
         raise FileNotFoundError(f"No speed records for {model} {quant} in {directory}: "
-                                "run `python -m helpers.bench speed` on a GPU.")
+                                "run `python -m lab.bench speed` on a GPU.")
     return speeds
 
 
@@ -88,7 +89,7 @@ def speed_record(model: str = "e4b-shape", route: str = "ple-cpu", quant: str = 
         c = record["configuration"]
         if c["model"] == model and c["quant"] == quant and (c.get("route") or f"ple-{c['ple']}") == route:
             return record
-    raise FileNotFoundError(f"No speed record for {model} {quant} {route} in {directory}: run `python -m helpers.bench speed` on a GPU.")
+    raise FileNotFoundError(f"No speed record for {model} {quant} {route} in {directory}: run `python -m lab.bench speed` on a GPU.")
 
 
 def decode_rates_over_runs(preset: str, model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
@@ -197,28 +198,6 @@ def gpu_tier(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU
     return read_json(path)
 
 
-# anonymous and file-backed peaks of load and generate: every benchmark record carries them (bench.RECORD_KEYS)
-HOST_PEAK_KEYS = ("host_load_anon_peak_bytes", "host_load_file_peak_bytes", "host_generate_anon_peak_bytes",
-                  "host_generate_file_peak_bytes")
-HOST_KEYS = (*HOST_PEAK_KEYS, "host_process_peak_bytes")
-
-
-def write_record(path, data) -> None:
-    """Write a record as JSON, whole or not at all: a crash mid-write leaves the previous file as it was."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
-
-
-def split_host(record: dict) -> dict:
-    """Take a route record's host-memory figures out of it, returned with what says where they come from."""
-    if not isinstance(record, dict):
-        raise InvalidChoiceError(f"record={record!r} is not a route record; pass the dict helpers.measure wrote.")
-    host = {key: record.pop(key) for key in HOST_KEYS if key in record}
-    return {**host, **{key: record[key] for key in ("model", "quant", "ple", "route", "gpu", "versions", "date", "command")
-                       if key in record}} if host else {}
-
-
 def gpu_tier_host(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU_TIER_DIR) -> dict:
     """Host memory per route (anonymous and file-backed peaks of load and generate), route -> record:
     the GPU tier writes it beside its main record."""
@@ -259,27 +238,13 @@ def plain_string_outcomes(directory: Path = CHAT_DIR) -> list:
     return read_json(path)
 
 
-def environment() -> dict:
-    """The GPU, its memory and the library versions of this machine: the stamp on every record."""
-    import accelerate
-    import torch
-    import transformers
-
-    try:
-        import bitsandbytes
-
-        bnb = bitsandbytes.__version__
-    except ImportError:
-        bnb = None
-    gpu = torch.cuda.get_device_properties(0)
-    return {
-        "gpu": gpu.name,
-        "gpu_total_bytes": gpu.total_memory,
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "accelerate": accelerate.__version__,
-            "bitsandbytes": bnb,
-        },
-        "date": datetime.date.today().isoformat(),
-    }
+def plain_generate_rate(record: dict, records) -> float | None:
+    """Plain ``generate``'s tokens/s among ``records`` (one run) for the same model, PLE placement and card as
+    ``record``: what its speed-up is a ratio of; None where the run has none, or ``record`` is it."""
+    if not isinstance(record, dict) or not isinstance(record.get("configuration"), dict):
+        raise InvalidChoiceError(f"record={record!r} is not a benchmark record; pass a dict lab.bench recorded.")
+    config = record["configuration"]
+    same = ("model", "ple", "card_gb")
+    plain = next((r for r in records if r["configuration"].get("decode") == "generate"
+                  and all(r["configuration"].get(key) == config.get(key) for key in same)), None)
+    return plain.get("decode_tokens_per_s") if plain is not None and plain is not record else None

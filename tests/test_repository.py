@@ -133,7 +133,8 @@ def test_a_failed_notebook_cell_on_a_card_is_named_under_the_table_with_its_exce
 
 
 def test_a_record_that_cannot_be_written_whole_leaves_the_previous_file_and_no_partial_one(tmp_path, monkeypatch):
-    from helpers import paths, records
+    from helpers import paths
+    from lab import records
 
     target = tmp_path / "gpu-tier" / "e4b-shape-nf4.json"
     records.write_record(target, {"ple-cpu": {"resident_bytes": 1}})
@@ -151,7 +152,7 @@ def test_a_record_that_cannot_be_written_whole_leaves_the_previous_file_and_no_p
 
 def test_split_host_refuses_what_is_not_a_route_record_in_one_sentence():
     from helpers.errors import InvalidChoiceError
-    from helpers.records import split_host
+    from lab.records import split_host
 
     with pytest.raises(InvalidChoiceError, match="is not a route record"):
         split_host(None)

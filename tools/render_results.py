@@ -263,7 +263,8 @@ def _peak_at(record, context):
 
 
 def render_benchmark() -> str:
-    from helpers import bench, cards, planner, records
+    from helpers import cards, planner, records
+    from lab import bench
 
     latest = records.latest_records()
     if not latest:
@@ -363,10 +364,10 @@ def render_benchmark() -> str:
 def render_issue15() -> str:
     """Long prompts and decoding speed: the planner's prediction (derived, not measured) and whatever the issue-15
     presets have recorded; what is not measured yet says so, with the command that measures it."""
-    from helpers import bench, measure, planner, records
+    from helpers import long_context, measure, planner, records
 
     lines = ["**Long prompts** (E4B-shaped, NF4, PLE on the CPU, prefill in chunks of "
-             f"{bench.DEFAULT_CHUNK:,} tokens). Plain: `generate(prefill_chunk_size=...)` as it comes; tuned: "
+             f"{long_context.DEFAULT_CHUNK:,} tokens). Plain: `generate(prefill_chunk_size=...)` as it comes; tuned: "
              "`helpers.long_context.LongContext()` (a `StaticCache`, attention without `repeat_kv`). Peak GB allocated "
              "(and reserved by PyTorch's caching allocator, uncapped):", "",
              "| context | planner, plain | planner, tuned | measured, plain | measured, tuned |", "|---|---|---|---|---|"]
@@ -381,8 +382,8 @@ def render_issue15() -> str:
         reserved = point.get("peak_reserved_bytes")
         return gb(point["peak_bytes"]) + (f" ({gb(reserved)})" if reserved else "")
 
-    predicted = planner.chunked_peaks(bench.LONG_CONTEXTS, prefill_chunk=bench.DEFAULT_CHUNK)
-    for context in bench.LONG_CONTEXTS:
+    predicted = planner.chunked_peaks(records.LONG_CONTEXTS, prefill_chunk=long_context.DEFAULT_CHUNK)
+    for context in records.LONG_CONTEXTS:
         cells = [cell(measured[name].get(context)) for name in ("plain", "tuned")]
         lines.append(f"| {context:,} | {gb(predicted['plain'][context])} | {gb(predicted['tuned'][context])} | {cells[0]} | {cells[1]} |")
     goal = records.long_context_goal()
@@ -396,12 +397,12 @@ def render_issue15() -> str:
     ways = list(dict.fromkeys(how for card in reached.values() for how in card))
     if any("chunks" in how for how in ways):
         lines += ["", f"The largest prompt each simulated card prefilled and decoded {measure.FIT_DECODE_TOKENS} tokens after "
-                  f"(bisected to 512 tokens; * stopped at the model's {bench.LONG_CONTEXTS[-1]:,} positions, not at the card):", "",
+                  f"(bisected to 512 tokens; * stopped at the model's {records.LONG_CONTEXTS[-1]:,} positions, not at the card):", "",
                   "| card | " + " | ".join(ways) + " |", "|---" * (len(ways) + 1) + "|"]
         for card, by_way in reached.items():
             row = [("-" if way not in by_way else f"{by_way[way][0]:,}" + ("*" if by_way[way][1] else "")) for way in ways]
             lines.append(f"| {card:g} GB | " + " | ".join(row) + " |")
-        lines += ["", "Recorded by `python -m helpers.bench cards`, `long-context-8gb` and `long-context-cards`. The seed "
+        lines += ["", "Recorded by `python -m lab.bench cards`, `long-context-8gb` and `long-context-cards`. The seed "
                   "issue's 16 GB card ran out of memory at an 8,500-token prefill (PLE on the GPU, modules kept in bf16)."]
         lines += render_fragmentation(reached)
     speed = records.preset_records("decode-speed")
@@ -441,15 +442,15 @@ def render_issue15() -> str:
 
 def render_fragmentation(reached: dict) -> list:
     """What the allocator setting was worth to the plain path, against the planner's figures for that card."""
-    from helpers import bench, planner
+    from helpers import long_context, planner
 
     sentences = []
     for card, by_way in reached.items():
-        default = by_way.get(f"plain, chunks of {bench.DEFAULT_CHUNK:,}")
-        expandable = by_way.get(f"plain, chunks of {bench.DEFAULT_CHUNK:,}, expandable_segments:True")
+        default = by_way.get(f"plain, chunks of {long_context.DEFAULT_CHUNK:,}")
+        expandable = by_way.get(f"plain, chunks of {long_context.DEFAULT_CHUNK:,}, expandable_segments:True")
         if not (default and expandable and default[0] and expandable[0]):
             continue
-        verdict = planner.fits("e4b-shape", card, "nf4", "cpu", default[0], prefill_chunk=bench.DEFAULT_CHUNK, path="plain")
+        verdict = planner.fits("e4b-shape", card, "nf4", "cpu", default[0], prefill_chunk=long_context.DEFAULT_CHUNK, path="plain")
         sentences.append(
             f"On the {card:g} GB card, `PYTORCH_ALLOC_CONF=expandable_segments:True` took the plain path from {default[0]:,} "
             f"to {expandable[0]:,} tokens ({expandable[0] / default[0]:.2f}x, the same run): every chunk's `torch.cat` of "
@@ -463,7 +464,7 @@ def render_fragmentation(reached: dict) -> list:
 
 def render_inductor() -> list:
     """Inductor's fused kernels in CUDA graphs, against generate with a static cache of the same run."""
-    from helpers import bench, records
+    from helpers import measure, records
 
     run = records.preset_records("decode-speed-inductor")
     reference = run.get("generate-static", {}).get("decode_tokens_per_s")
@@ -478,7 +479,7 @@ def render_inductor() -> list:
         if not check.get("compared"):
             verdict = "-" if not check else "not compared"
         elif check.get("rounding"):
-            verdict = f"differ from step {check['first_difference']}; {bench.rounding_sentence(check)}"
+            verdict = f"differ from step {check['first_difference']}; {measure.rounding_sentence(check)}"
         else:
             verdict = ("identical" if check["identical"] else f"differ from step {check['first_difference']}") + \
                 f" over {check['steps']} steps"
@@ -505,7 +506,7 @@ def render_inductor() -> list:
 def render_decode_elsewhere() -> list:
     """The tuned decode with the PLE on the GPU, under an 8 GB cap, and on E2B: each ratio against plain generate
     of the same run, placement and card, where that run has one."""
-    from helpers import bench, records
+    from helpers import records
 
     rows, by_preset = [], {}
     for preset, model in (("decode-speed-more", "e4b-shape"), ("decode-speed-e2b", "e2b-shape")):
@@ -513,7 +514,7 @@ def render_decode_elsewhere() -> list:
         history = records.decode_rates_over_runs(preset, model)
         for name, record in recorded.items():
             config = record["configuration"]
-            rate, plain = record.get("decode_tokens_per_s"), bench.plain_generate_rate(record, recorded.values())
+            rate, plain = record.get("decode_tokens_per_s"), records.plain_generate_rate(record, recorded.values())
             ratio = f"{rate / plain:.2f}" if rate and plain else "-"
             card = f"{config['card_gb']:g} GB" if config.get("card_gb") else "uncapped"
             runs = history.get(name, [])
@@ -534,7 +535,7 @@ def render_decode_elsewhere() -> list:
             "and days, which is why ratios are taken within one run):", "",
             "| configuration | model | PLE on | card | tokens/s | x plain generate | tokens/s over recorded runs |",
             "|---|---|---|---|---|---|---|", *rows,
-            "", "Recorded by `python -m helpers.bench decode-speed-more` (and `decode-speed-e2b`).", *cap_sentence]
+            "", "Recorded by `python -m lab.bench decode-speed-more` (and `decode-speed-e2b`).", *cap_sentence]
 
 
 def render_gpu_run(run: dict) -> str:
@@ -593,7 +594,7 @@ def render() -> str:
 def render_headline() -> str:
     """The README's first results: what E4B-shaped NF4 with the PLE on the CPU does on each learner's card (the
     planner, calibrated on the records), and three recorded figures."""
-    from helpers import bench, cards, planner, records
+    from helpers import cards, planner, records
 
     lines = [HEADLINE_START, "| card | loads E4B NF4, PLE on the CPU | longest prompt in one prefill, safe | the course's steps on "
              "E4B itself |",
@@ -608,7 +609,7 @@ def render_headline() -> str:
     gpu, cpu = tier["ple-gpu"], tier["ple-cpu"]
     same = cpu["logits_vs_ple_gpu"]
     speed = records.preset_records("decode-speed")
-    graphs, plain = speed.get("cudagraphs", {}), bench.plain_generate_rate(speed.get("cudagraphs", {}), speed.values())
+    graphs, plain = speed.get("cudagraphs", {}), records.plain_generate_rate(speed.get("cudagraphs", {}), speed.values())
     goal = records.preset_records("long-context").get("tuned-128k-8gb", {})
     check = goal.get("identity") or {}
     lines += ["", f"- **The PLE table on the CPU:** {gb(gpu['resident_bytes'])} GB on the GPU becomes {gb(cpu['resident_bytes'])} GB, and "
