@@ -272,24 +272,3 @@ def fits_context(model, tokenizer, context: int, device, decode_tokens: int = FI
                  settings: LongContext | None = None) -> bool:
     """Does a prefill of ``context`` tokens plus a few decoded ones run without running out of memory?"""
     return not prefill_peak(model, tokenizer, context, device, new_tokens=decode_tokens, settings=settings).get("oom")
-
-
-
-def rounding_sentence(check: dict) -> str:
-    """How far kernels that round differently stayed from their reference, from an ``identity`` result."""
-    rounding = check["rounding"]
-    verdict = "within rounding" if rounding["within_rounding"] else "further than rounding"
-    parted = ("the greedy tokens never part" if rounding["tokens_part_at"] is None
-              else f"the greedy tokens part at step {rounding['tokens_part_at']}")
-    control = "caught" if check.get("rounding_control_caught") else "NOT caught"
-    return (f"{verdict}: {judged_difference(rounding)} against a bound of {rounding.get('bound', ROUNDING_BOUND)} x "
-            f"the reference's spread {rounding['reference_std']:.2f}, over the {rounding['compared_steps']} steps until "
-            f"{parted}; the control, the reference one step late as a cache one position off would give: {control}")
-
-
-def judged_difference(rounding: dict) -> str:
-    """The difference a rounding verdict was judged on, named; a record made before the rule changed to the root
-    mean square (no ``statistic``) was judged on the largest."""
-    if rounding.get("statistic") == "rms":
-        return f"root mean square difference {rounding['rms_diff']:.3g} (largest {rounding['max_abs_diff']:.3g})"
-    return f"largest difference {rounding['max_abs_diff']:.3g}"

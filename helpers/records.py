@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InvalidChoiceError, RecordFileError
 from .long_context import positions_written
+from .measure import ROUNDING_BOUND
 from .paths import CHAT_DIR, CITED_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR
 
 # the contexts the long-context benchmark measures; E4B's max_position_embeddings is the last
@@ -248,3 +250,130 @@ def plain_generate_rate(record: dict, records) -> float | None:
     plain = next((r for r in records if r["configuration"].get("decode") == "generate"
                   and all(r["configuration"].get(key) == config.get(key) for key in same)), None)
     return plain.get("decode_tokens_per_s") if plain is not None and plain is not record else None
+
+
+def rounding_sentence(check: dict) -> str:
+    """How far kernels that round differently stayed from their reference, from an ``identity`` result."""
+    rounding = check["rounding"]
+    verdict = "within rounding" if rounding["within_rounding"] else "further than rounding"
+    parted = ("the greedy tokens never part" if rounding["tokens_part_at"] is None
+              else f"the greedy tokens part at step {rounding['tokens_part_at']}")
+    control = "caught" if check.get("rounding_control_caught") else "NOT caught"
+    return (f"{verdict}: {judged_difference(rounding)} against a bound of {rounding.get('bound', ROUNDING_BOUND)} x "
+            f"the reference's spread {rounding['reference_std']:.2f}, over the {rounding['compared_steps']} steps until "
+            f"{parted}; the control, the reference one step late as a cache one position off would give: {control}")
+
+
+def judged_difference(rounding: dict) -> str:
+    """The difference a rounding verdict was judged on, named; a record made before the rule changed to the root
+    mean square (no ``statistic``) was judged on the largest."""
+    if rounding.get("statistic") == "rms":
+        return f"root mean square difference {rounding['rms_diff']:.3g} (largest {rounding['max_abs_diff']:.3g})"
+    return f"largest difference {rounding['max_abs_diff']:.3g}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A recorded table, ready to read: its cells are formatted, the command that recorded it is named. A notebook
+    shows it as is; ``tools/render_results.py`` writes the same table into ``docs/results.md`` (``markdown``)."""
+
+    columns: tuple
+    rows: tuple
+    command: str = ""
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.columns) + " |", "|" + "---|" * len(self.columns)]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in self.rows])
+
+    def _repr_markdown_(self) -> str:
+        return self.markdown() + (f"\n\nRecorded by `{self.command}`." if self.command else "")
+
+    def __str__(self) -> str:
+        widths = [max(len(cell) for cell in column) for column in zip(self.columns, *self.rows)]
+        return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+                         for row in (self.columns, *self.rows))
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+
+def _ratio(rate, reference) -> str:
+    return f"{rate / reference:.2f}" if rate and reference else "-"
+
+
+def _outcome(record: dict, rate) -> str:
+    """A rate, or why a configuration has none."""
+    return str(rate or record.get("crashed") or record.get("load_error") or ("out of memory" if record.get("greedy_oom") else "-"))
+
+
+def _identity(check: dict) -> str:
+    if not check:
+        return "-"
+    if not check.get("compared"):
+        return "not compared"
+    if check.get("control"):
+        return "told apart (control)" if check.get("told_apart") else "NOT told apart (control)"
+    if check.get("rounding"):
+        return f"differ from step {check['first_difference']}; {rounding_sentence(check)}"
+    return ("identical" if check.get("identical") else f"differ from step {check.get('first_difference')}") + \
+        f" over {check.get('steps')} steps"
+
+
+def _decode_speed(directory: Path) -> Table:
+    run = preset_records("decode-speed", directory=directory)
+    plain = run.get("generate", {}).get("decode_tokens_per_s")
+    rows = []
+    for name, record in run.items():
+        rate, profile = record.get("decode_tokens_per_s"), record.get("profile") or {}
+        launches, busy = profile.get("by_step", {}).get("launches"), profile.get("device_busy_fraction")
+        rows.append((name, _outcome(record, rate), _ratio(rate, plain), str(record.get("bandwidth_limit_tokens_per_s", "-")),
+                     _identity(record.get("identity", {})), f"{launches:,.0f}" if launches else "-", f"{busy:.0%}" if busy else "-"))
+    return Table(("mode", "tokens/s", "x plain generate", "bandwidth limit, tokens/s", "logits vs generate with a static cache",
+                  "CPU launches per step (profile)", "GPU busy (profile)"), tuple(rows), _command(run))
+
+
+def _decode_speed_inductor(directory: Path) -> Table:
+    run = preset_records("decode-speed-inductor", directory=directory)
+    reference = run.get("generate-static", {}).get("decode_tokens_per_s")
+    rows = tuple((name, _outcome(record, record.get("decode_tokens_per_s")), _ratio(record.get("decode_tokens_per_s"), reference),
+                  _identity(record.get("identity") or {})) for name, record in run.items()) if reference else ()
+    return Table(("mode", "tokens/s", "x generate-static", "logits vs generate-static"), rows, _command(run))
+
+
+def _decode_speed_elsewhere(directory: Path) -> Table:
+    rows, commands = [], []
+    for preset, model in (("decode-speed-more", "e4b-shape"), ("decode-speed-e2b", "e2b-shape")):
+        run = preset_records(preset, model, directory)
+        history = decode_rates_over_runs(preset, model, directory)
+        commands += [_command(run)] if run else []
+        for name, record in run.items():
+            config, rate = record["configuration"], record.get("decode_tokens_per_s")
+            runs = history.get(name, [])
+            rows.append((name, model, config["ple"].upper(), f"{config['card_gb']:g} GB" if config.get("card_gb") else "uncapped",
+                         _outcome(record, rate), _ratio(rate, plain_generate_rate(record, run.values())),
+                         f"{min(runs)}-{max(runs)} ({len(runs)} runs)" if len(runs) > 1 else "one run"))
+    return Table(("configuration", "model", "PLE on", "card", "tokens/s", "x plain generate", "tokens/s over recorded runs"),
+                 tuple(rows), "; ".join(commands))
+
+
+def _command(run: dict) -> str:
+    return next(iter(run.values()))["command"] if run else ""
+
+
+def _gpu_tier_memory(directory: Path) -> Table:
+    tier = gpu_tier(directory=directory)
+    rows = tuple((route, f"{tier[route]['resident_bytes'] / 1e9:.2f}", f"{tier[route]['reserved_bytes'] / 1e9:.2f}")
+                 for route in ("ple-gpu", "post-load", "ple-cpu") if tier.get(route))
+    return Table(("route", "allocated after load, GB", "reserved, GB"), rows, "GPU_RECORD=1 make test-gpu")
+
+
+TABLES = {"decode-speed": (_decode_speed, MEASUREMENTS_DIR), "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
+          "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR), "gpu-tier-memory": (_gpu_tier_memory, GPU_TIER_DIR)}
+
+
+def table(name: str, directory: Path | None = None) -> Table:
+    """A recorded table by name (``TABLES``), the one ``docs/results.md`` shows; empty where nothing is recorded yet."""
+    if name not in TABLES:
+        raise InvalidChoiceError(f"name={name!r} is not a recorded table; choose one of {', '.join(TABLES)}.")
+    build, default = TABLES[name]
+    return build(Path(directory) if directory is not None else default)

@@ -42,10 +42,10 @@ from helpers import models
 from helpers.cards import SIMULATED_CARDS_GB
 from helpers.errors import CourseError, InvalidChoiceError
 from helpers.long_context import DEFAULT_CHUNK, longest_prompt
-from helpers.measure import compare_logits, compare_rounding, judged_difference, rounding_sentence
+from helpers.measure import compare_logits, compare_rounding
 from helpers.paths import BUILD_DIR, MEASUREMENTS_DIR
 from helpers.placement import PLACEMENTS
-from helpers.records import LONG_CONTEXTS, plain_generate_rate, speed_record
+from helpers.records import LONG_CONTEXTS, judged_difference, plain_generate_rate, rounding_sentence, speed_record
 
 from .measure import DECODE_MODES
 from .records import HOST_PEAK_KEYS

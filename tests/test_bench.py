@@ -392,9 +392,9 @@ def test_a_rounding_verdict_names_the_statistic_it_was_judged_on_and_an_old_reco
     rounding = {"rms_diff": 0.03, "max_abs_diff": 0.162, "reference_std": 1.0, "compared_steps": 18, "tokens_part_at": 17,
                 "within_rounding": True, "bound": 0.1}
     check = {"rounding": rounding, "rounding_control_caught": True}
-    assert "largest difference 0.162 against" in measure.rounding_sentence(check)  # recorded before the rule changed
+    assert "largest difference 0.162 against" in records.rounding_sentence(check)  # recorded before the rule changed
     rounding["statistic"] = "rms"
-    assert "root mean square difference 0.03 (largest 0.162) against" in measure.rounding_sentence(check)
+    assert "root mean square difference 0.03 (largest 0.162) against" in records.rounding_sentence(check)
 
 
 def test_a_speed_up_under_a_card_cap_is_a_ratio_of_plain_generate_under_the_same_cap_and_placement():

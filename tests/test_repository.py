@@ -269,3 +269,33 @@ def test_a_rendered_page_cut_short_fails_the_check_and_a_render_cut_short_leaves
         tool.main([])
     monkeypatch.undo()
     assert readme.read_text() == whole.replace("| yes |", "| no |", 1) and not list(tmp_path.glob(".*partial"))
+
+
+@pytest.mark.parametrize("name", ["decode-speed", "decode-speed-inductor", "decode-speed-elsewhere"])
+def test_a_notebook_reads_the_very_table_docs_results_shows(name):
+    from helpers import records
+    from helpers.paths import REPO_ROOT
+
+    table = records.table(name)
+    assert table.rows and table.markdown() in (REPO_ROOT / "docs" / "results.md").read_text()
+
+
+def test_a_recorded_table_follows_the_records_it_is_built_from(tmp_path):
+    # the control for the check above: one changed rate changes the table
+    from helpers import records
+    from helpers.paths import MEASUREMENTS_DIR
+
+    lines = (MEASUREMENTS_DIR / "e4b-shape.jsonl").read_text().splitlines()
+    changed = [json.loads(line) for line in lines]
+    latest = max(i for i, r in enumerate(changed) if r.get("preset") == "decode-speed")
+    changed[latest]["decode_tokens_per_s"] = 0.5
+    (tmp_path / "e4b-shape.jsonl").write_text("\n".join(json.dumps(r) for r in changed) + "\n")
+    assert str(records.table("decode-speed", tmp_path)) != str(records.table("decode-speed"))
+
+
+def test_an_unknown_table_name_is_refused_in_one_sentence_that_lists_the_tables():
+    from helpers import records
+    from helpers.errors import InvalidChoiceError
+
+    with pytest.raises(InvalidChoiceError, match="decode-speed-inductor"):
+        records.table("decode speed")

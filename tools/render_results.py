@@ -411,22 +411,7 @@ def render_issue15() -> str:
         lines.append("Not yet measured on a GPU: `make bench PRESET=decode-speed` (and `decode-speed-inductor`, "
                      "`decode-speed-more`, `decode-speed-e2b`).")
         return "\n".join(lines)
-    plain = speed.get("generate", {}).get("decode_tokens_per_s")
-    lines += ["| mode | tokens/s | x plain generate | bandwidth limit, tokens/s | logits vs generate with a static cache "
-              "| CPU launches per step (profile) | GPU busy (profile) |", "|---|---|---|---|---|---|---|"]
-    for name, record in speed.items():
-        rate = record.get("decode_tokens_per_s")
-        check = record.get("identity", {})
-        verdict = "-" if not check else (("told apart (control)" if check.get("told_apart") else "NOT told apart (control)")
-                                         if check.get("control") else ("identical" if check.get("identical") else
-                                         f"differ from step {check.get('first_difference')}")
-                                         + f" over {check.get('steps')} steps") if check.get("compared") else "not compared"
-        ratio = f"{rate / plain:.2f}" if rate and plain else "-"
-        profile = record.get("profile") or {}
-        launches, busy = profile.get("by_step", {}).get("launches"), profile.get("device_busy_fraction")
-        lines.append(f"| {name} | {rate or record.get('crashed') or record.get('load_error') or '-'} | {ratio} | "
-                     f"{record.get('bandwidth_limit_tokens_per_s', '-')} | {verdict} | "
-                     f"{f'{launches:,.0f}' if launches else '-'} | {f'{busy:.0%}' if busy else '-'} |")
+    lines.append(records.table("decode-speed").markdown())
     lines += ["", f"Recorded by `{next(iter(speed.values()))['command']}`. The profile covers 16 steps and the "
               "prefill before them; GPU busy is the time its kernels ran over the wall time; its Chrome trace is written "
               "under `build/traces/` (open it at https://ui.perfetto.dev)."]
@@ -464,7 +449,7 @@ def render_fragmentation(reached: dict) -> list:
 
 def render_inductor() -> list:
     """Inductor's fused kernels in CUDA graphs, against generate with a static cache of the same run."""
-    from helpers import measure, records
+    from helpers import records
 
     run = records.preset_records("decode-speed-inductor")
     reference = run.get("generate-static", {}).get("decode_tokens_per_s")
@@ -473,18 +458,7 @@ def render_inductor() -> list:
                 "PRESET=decode-speed-inductor`)."]
     lines = ["", "**Inductor**, `torch.compile(mode=\"reduce-overhead\")`: fused kernels in CUDA graphs, which round "
              "differently, so they are held to rounding rather than identity (x: against generate with a static cache "
-             "of the same run):", "", "| mode | tokens/s | x generate-static | logits vs generate-static |", "|---|---|---|---|"]
-    for name, record in run.items():
-        rate, check = record.get("decode_tokens_per_s"), record.get("identity") or {}
-        if not check.get("compared"):
-            verdict = "-" if not check else "not compared"
-        elif check.get("rounding"):
-            verdict = f"differ from step {check['first_difference']}; {measure.rounding_sentence(check)}"
-        else:
-            verdict = ("identical" if check["identical"] else f"differ from step {check['first_difference']}") + \
-                f" over {check['steps']} steps"
-        lines.append(f"| {name} | {rate or record.get('crashed') or '-'} | "
-                     f"{f'{rate / reference:.2f}' if rate else '-'} | {verdict} |")
+             "of the same run):", "", records.table("decode-speed-inductor").markdown()]
     lines += ["", f"Recorded by `{next(iter(run.values()))['command']}`."]
     fused = run.get("reduce-overhead", {}).get("identity", {}).get("rounding")
     if fused and not fused["within_rounding"]:
@@ -508,33 +482,19 @@ def render_decode_elsewhere() -> list:
     of the same run, placement and card, where that run has one."""
     from helpers import records
 
-    rows, by_preset = [], {}
-    for preset, model in (("decode-speed-more", "e4b-shape"), ("decode-speed-e2b", "e2b-shape")):
-        recorded = by_preset[preset] = records.preset_records(preset, model)
-        history = records.decode_rates_over_runs(preset, model)
-        for name, record in recorded.items():
-            config = record["configuration"]
-            rate, plain = record.get("decode_tokens_per_s"), records.plain_generate_rate(record, recorded.values())
-            ratio = f"{rate / plain:.2f}" if rate and plain else "-"
-            card = f"{config['card_gb']:g} GB" if config.get("card_gb") else "uncapped"
-            runs = history.get(name, [])
-            spread = f"{min(runs)}-{max(runs)} ({len(runs)} runs)" if len(runs) > 1 else "one run"
-            rows.append(f"| {name} | {model} | {config['ple'].upper()} | {card} | "
-                        f"{rate or record.get('crashed') or ('out of memory' if record.get('greedy_oom') else '-')} | "
-                        f"{ratio} | {spread} |")
-    more = by_preset["decode-speed-more"]
+    elsewhere = records.table("decode-speed-elsewhere")
+    more = records.preset_records("decode-speed-more")
     capped, uncapped = (more.get(name, {}).get("decode_tokens_per_s") for name in ("e4b-cpu-generate-8gb", "e4b-cpu-generate"))
     cap_sentence = ["", f"What the cap alone costs: plain `generate` (PLE on the CPU) ran {capped} tokens/s under the "
                     f"8 GB cap and {uncapped} uncapped in the same run (capped / uncapped {capped / uncapped:.2f})."
                     ] if capped and uncapped else []
-    if not rows:
+    if not elsewhere:
         return ["", "With the PLE on the GPU, under an 8 GB cap and on E2B: not yet measured (`make bench "
                 "PRESET=decode-speed-more`, `decode-speed-e2b`)."]
     return ["", "The same decode elsewhere (x: against plain `generate` of the same run, placement and card; the last "
             "column: the lowest and highest tokens/s over every recorded run of that configuration, other machines "
             "and days, which is why ratios are taken within one run):", "",
-            "| configuration | model | PLE on | card | tokens/s | x plain generate | tokens/s over recorded runs |",
-            "|---|---|---|---|---|---|---|", *rows,
+            elsewhere.markdown(),
             "", "Recorded by `python -m lab.bench decode-speed-more` (and `decode-speed-e2b`).", *cap_sentence]
 
 
