@@ -11,9 +11,10 @@ from pathlib import Path
 
 from .errors import InvalidChoiceError, RecordFileError
 from .long_context import positions_written
-from .measure import ROUNDING_BOUND
 from .paths import CHAT_DIR, CITED_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR
 
+# the benchmark records' format, written into each (tools/upgrade_records.py brings older ones to it)
+SCHEMA = 2
 # the contexts the long-context benchmark measures; E4B's max_position_embeddings is the last
 LONG_CONTEXTS = (8192, 16384, 32768, 65536, 131072)
 
@@ -259,15 +260,14 @@ def rounding_sentence(check: dict) -> str:
     parted = ("the greedy tokens never part" if rounding["tokens_part_at"] is None
               else f"the greedy tokens part at step {rounding['tokens_part_at']}")
     control = "caught" if check.get("rounding_control_caught") else "NOT caught"
-    return (f"{verdict}: {judged_difference(rounding)} against a bound of {rounding.get('bound', ROUNDING_BOUND)} x "
+    return (f"{verdict}: {judged_difference(rounding)} against a bound of {rounding['bound']} x "
             f"the reference's spread {rounding['reference_std']:.2f}, over the {rounding['compared_steps']} steps until "
             f"{parted}; the control, the reference one step late as a cache one position off would give: {control}")
 
 
 def judged_difference(rounding: dict) -> str:
-    """The difference a rounding verdict was judged on, named; a record made before the rule changed to the root
-    mean square (no ``statistic``) was judged on the largest."""
-    if rounding.get("statistic") == "rms":
+    """The difference a rounding verdict was judged on, named: the root mean square, or the largest."""
+    if rounding["statistic"] == "rms":
         return f"root mean square difference {rounding['rms_diff']:.3g} (largest {rounding['max_abs_diff']:.3g})"
     return f"largest difference {rounding['max_abs_diff']:.3g}"
 
@@ -367,8 +367,29 @@ def _gpu_tier_memory(directory: Path) -> Table:
     return Table(("route", "allocated after load, GB", "reserved, GB"), rows, "GPU_RECORD=1 make test-gpu")
 
 
-TABLES = {"decode-speed": (_decode_speed, MEASUREMENTS_DIR), "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
-          "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR), "gpu-tier-memory": (_gpu_tier_memory, GPU_TIER_DIR)}
+def first_difference_at(result: dict) -> str:
+    """Where two runs of a determinism comparison first differ: "never" when identical at every step."""
+    if result["first_differing_step"] is None:
+        return "never"
+    size = result.get("max_abs_diff_there")
+    return f"step {result['first_differing_step']}" + (f" (max |diff| {size:.3g} there)" if size is not None else "")
+
+
+def _determinism(directory: Path) -> Table:
+    probe = gpu_tier_file("determinism-e4b-shape.json", directory)
+    rows = (("the same model, twice", ", ".join(first_difference_at(r) for r in probe["gpu_run_to_run"])),
+            ("with cuDNN's attention allowed, twice", first_difference_at(probe["cudnn_attention_run_to_run"])),
+            ("PLE on CPU against PLE on GPU", first_difference_at(probe["cpu_vs_gpu_placement"])),
+            ("PLE on CPU after an 8,500-token prefill, against before it",
+             first_difference_at(probe["cpu_after_a_long_prefill_vs_before"])))
+    rows = (("settings", probe["settings"]), *rows)
+    return Table((f"over {probe['new_tokens']} greedy steps", "first different at"), rows,
+                 f"{probe['command']} ({probe['gpu']}, {probe['date']})")
+
+
+TABLES = {"determinism": (_determinism, GPU_TIER_DIR), "gpu-tier-memory": (_gpu_tier_memory, GPU_TIER_DIR),
+          "decode-speed": (_decode_speed, MEASUREMENTS_DIR), "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
+          "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR)}
 
 
 def table(name: str, directory: Path | None = None) -> Table:

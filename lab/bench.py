@@ -45,7 +45,7 @@ from helpers.long_context import DEFAULT_CHUNK, longest_prompt
 from helpers.measure import compare_logits, compare_rounding
 from helpers.paths import BUILD_DIR, MEASUREMENTS_DIR
 from helpers.placement import PLACEMENTS
-from helpers.records import LONG_CONTEXTS, judged_difference, plain_generate_rate, rounding_sentence, speed_record
+from helpers.records import LONG_CONTEXTS, SCHEMA, judged_difference, plain_generate_rate, rounding_sentence, speed_record
 
 from .measure import DECODE_MODES
 from .records import HOST_PEAK_KEYS
@@ -273,6 +273,7 @@ def append_record(record: dict, directory: Path = MEASUREMENTS_DIR) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{record['configuration']['model']}.jsonl"
     kept = {key: value for key, value in record.items() if key != "logits_file"}  # a scratch file, gone after the run
+    kept["schema"] = SCHEMA
     with _APPEND_LOCK, open(target, "a+b") as handle:
         handle.seek(0)
         text = handle.read()

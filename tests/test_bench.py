@@ -388,11 +388,11 @@ def test_the_rounding_check_stops_where_the_greedy_tokens_part_and_still_checks_
     assert not measure.compare_rounding(reference, parted)["within_rounding"]
 
 
-def test_a_rounding_verdict_names_the_statistic_it_was_judged_on_and_an_old_record_keeps_its_own():
+def test_a_rounding_verdict_names_the_statistic_it_was_judged_on():
     rounding = {"rms_diff": 0.03, "max_abs_diff": 0.162, "reference_std": 1.0, "compared_steps": 18, "tokens_part_at": 17,
-                "within_rounding": True, "bound": 0.1}
+                "within_rounding": True, "bound": 0.1, "statistic": "max"}
     check = {"rounding": rounding, "rounding_control_caught": True}
-    assert "largest difference 0.162 against" in records.rounding_sentence(check)  # recorded before the rule changed
+    assert "largest difference 0.162 against" in records.rounding_sentence(check)  # judged on the largest
     rounding["statistic"] = "rms"
     assert "root mean square difference 0.03 (largest 0.162) against" in records.rounding_sentence(check)
 

@@ -166,31 +166,22 @@ def placement_verdict(gpu: dict, cpu: dict) -> str:
 
 
 def render_determinism(record: dict) -> str:
-    """The determinism probe's record, older ones (no settings, cuDNN's attention allowed) too."""
-    def at(result) -> str:
-        if result["first_differing_step"] is None:
-            return "never"
-        size = result.get("max_abs_diff_there")
-        return f"step {result['first_differing_step']}" + (f" (max |diff| {size:.3g} there)" if size is not None else "")
+    """The determinism probe's record (tools/determinism_probe.py)."""
+    from helpers.records import first_difference_at as at
 
-    settings = record.get("settings", "CUBLAS_WORKSPACE_CONFIG=:4096:8, cuDNN's attention allowed")
     found = [f"the same {record['model']} NF4 model, PLE on GPU, run again in the same process first differs: "
-             f"{', '.join(at(r) for r in record['gpu_run_to_run'])} (of {record['new_tokens']} steps)"]
-    if "deterministic_algorithms_run_to_run" in record:
-        found.append(f"with `torch.use_deterministic_algorithms` too: {at(record['deterministic_algorithms_run_to_run'])}")
-    if "cudnn_attention_run_to_run" in record:
-        found.append(f"with cuDNN's attention allowed again, two runs first differ: {at(record['cudnn_attention_run_to_run'])}")
-    found.append(f"PLE on CPU against PLE on GPU first differs: {at(record['cpu_vs_gpu_placement'])}")
-    if "cpu_after_a_long_prefill_run_to_run" in record:
-        found.append("PLE on CPU after an 8,500-token prefill, against before it and run to run: "
-                     f"{at(record['cpu_after_a_long_prefill_vs_before'])}, {at(record['cpu_after_a_long_prefill_run_to_run'])}")
+             f"{', '.join(at(r) for r in record['gpu_run_to_run'])} (of {record['new_tokens']} steps)",
+             f"with cuDNN's attention allowed again, two runs first differ: {at(record['cudnn_attention_run_to_run'])}",
+             f"PLE on CPU against PLE on GPU first differs: {at(record['cpu_vs_gpu_placement'])}",
+             "PLE on CPU after an 8,500-token prefill, against before it and run to run: "
+             f"{at(record['cpu_after_a_long_prefill_vs_before'])}, {at(record['cpu_after_a_long_prefill_run_to_run'])}"]
     checked = [record["cpu_vs_gpu_placement"], *record["gpu_run_to_run"]]
     verdict = (f"Under these settings every run agreed with itself and the placements with each other over all "
                f"{record['new_tokens']} steps; the comparisons still count only the steps where each run agrees with "
                "itself, so a GPU or a library that repeats itself less cannot turn noise into a false difference."
                if all(r["first_differing_step"] is None for r in checked)
                else "Identity between placements is therefore checked over the steps where each agrees with itself.")
-    return (f"**Is the GPU bit-reproducible?** `{record['command']}` on {record['gpu']}, {record['date']} ({settings}): "
+    return (f"**Is the GPU bit-reproducible?** `{record['command']}` on {record['gpu']}, {record['date']} ({record['settings']}): "
             + "; ".join(found) + ". " + verdict)
 
 
@@ -462,7 +453,7 @@ def render_inductor() -> list:
     lines += ["", f"Recorded by `{next(iter(run.values()))['command']}`."]
     fused = run.get("reduce-overhead", {}).get("identity", {}).get("rounding")
     if fused and not fused["within_rounding"]:
-        rule = ("" if fused.get("statistic") == "rms" else
+        rule = ("" if fused["statistic"] == "rms" else
                 " (judged on the largest difference, the rule when this ran; the course now judges the root mean "
                 "square difference, which this record does not have: the next run of the preset decides)")
         lines += ["", "Inductor's logits moved further from the eager kernels' than the course's rounding bound allows "
