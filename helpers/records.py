@@ -116,7 +116,7 @@ def preset_records(preset: str, model: str = "e4b-shape", directory: Path = MEAS
 def largest_contexts(model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
     """The largest prompt each simulated card prefilled and decoded after (bisected to 512 tokens), NF4 with the PLE
     on the CPU: card GB -> {how it was prefilled: tokens}. ``generate`` in one forward (the cards preset) and the
-    chunked paths of issue 15 (``long-context-8gb``, ``long-context-cards``); a search that reached
+    chunked paths (``long-context-8gb``, ``long-context-cards``); a search that reached
     ``max_context_limit`` stopped at the model's positions, not at the card."""
     reached: dict = {}
     for preset in ("cards", "long-context-8gb", "long-context-cards"):

@@ -4,8 +4,8 @@ recorded under data/measurements/, with PLE-on-CPU vs PLE-on-GPU ratios from the
     python -m lab.bench quick              # or: memory, cards, speed
     python -m lab.bench memory --jobs 4    # configurations side by side (memory only, no timings)
     python -m lab.bench memory --dry-run   # list what a preset would run
-    python -m lab.bench long-context       # issue 15: peak vs context, plain and tuned; 128k on an 8 GB card
-    python -m lab.bench decode-speed       # issue 15: plain generate vs the tuned decode, logits compared
+    python -m lab.bench long-context       # peak vs context, plain and tuned; 128k on an 8 GB card
+    python -m lab.bench decode-speed       # plain generate vs the tuned decode, logits compared
 
 Each configuration runs ``python -m lab.measure`` in its own process, so an out-of-memory
 error is recorded as a result and cannot poison the next one. Records accumulate: every run
