@@ -162,7 +162,9 @@ def test_the_determinism_verdict_claims_whole_runs_agree_only_when_every_recorde
     tool = _tool("render_results")
     agreeing = {"command": "probe", "gpu": "G", "date": "d", "model": "m", "new_tokens": 256, "settings": "s",
                 "gpu_run_to_run": [{"first_differing_step": None}] * 2, "cpu_vs_gpu_placement": {"first_differing_step": None},
-                "cudnn_attention_run_to_run": {"first_differing_step": 241, "max_abs_diff_there": 0.0742}}
+                "cudnn_attention_run_to_run": {"first_differing_step": 241, "max_abs_diff_there": 0.0742},
+                "cpu_after_a_long_prefill_vs_before": {"first_differing_step": None},
+                "cpu_after_a_long_prefill_run_to_run": {"first_differing_step": None}}  # every key the probe writes
     text = tool.render_determinism(agreeing)
     assert "over all 256 steps" in text and "step 241 (max |diff| 0.0742 there)" in text
     drifting = {**agreeing, "gpu_run_to_run": [{"first_differing_step": None}, {"first_differing_step": 225}]}
@@ -176,7 +178,7 @@ def test_inductors_speed_is_shown_without_a_correctness_claim_only_when_it_left_
 
     tool = _tool("render_results")
     rounding = {"within_rounding": within, "tokens_part_at": 17, "max_abs_diff": 0.16, "reference_std": 1.0,
-                "compared_steps": 18}
+                "compared_steps": 18, "statistic": "max", "bound": 0.1}
     run = {"generate-static": {"decode_tokens_per_s": 10.0, "command": "bench"},
            "reduce-overhead": {"decode_tokens_per_s": 90.0, "identity": {
                "compared": True, "first_difference": 1, "identical": False, "steps": 256, "rounding": rounding,
@@ -206,7 +208,7 @@ def test_a_decode_speed_that_moved_between_runs_shows_its_range_beside_the_newes
     real = (records.preset_records, records.decode_rates_over_runs)
     monkeypatch.setattr(records, "preset_records", lambda preset, model="e4b-shape", directory=None: real[0](
         preset, model, directory=tmp_path))
-    monkeypatch.setattr(records, "decode_rates_over_runs", lambda preset, model="e4b-shape": real[1](
+    monkeypatch.setattr(records, "decode_rates_over_runs", lambda preset, model="e4b-shape", directory=None: real[1](
         preset, model, directory=tmp_path))
     text = "\n".join(_tool("render_results").render_decode_elsewhere())
     assert "| e4b-cpu-generate-8gb | e4b-shape | CPU | 8 GB | 13.93 | - | 8.44-13.93 (2 runs) |" in text
