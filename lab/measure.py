@@ -363,7 +363,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     reproducible_kernels()  # before the first cuBLAS call
     if not torch.cuda.is_available():
-        print("helpers.measure needs a CUDA GPU; run it on a GPU machine (or Colab with a GPU runtime).")
+        print("lab.measure needs a CUDA GPU; run it on a GPU machine (or Colab with a GPU runtime).")
         return 2
     record = measure(
         args.model, args.quant, args.route, new_tokens=args.new_tokens, contexts=args.context, card_gb=args.card_gb,

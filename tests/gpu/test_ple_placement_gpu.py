@@ -69,7 +69,7 @@ def routes(tmp_path_factory):
 
     def run(route):
         if cache[route] is None:
-            pytest.fail(f"route {route} crashed; run its helpers.measure command (printed above) to see why")
+            pytest.fail(f"route {route} crashed; run its lab.measure command (printed above) to see why")
         return cache[route]
 
     yield run
