@@ -428,7 +428,7 @@ def test_a_record_line_a_kill_cut_short_is_skipped_with_a_notice_and_the_next_ap
     target = tmp_path / "tiny.jsonl"
     target.write_text(target.read_text() + '{"preset": "quick", "configur')  # the kill, mid-append
     with pytest.warns(records.CutRecordNotice, match="cut short"):
-        assert list(records.every_record(tmp_path)) == [whole]
+        assert list(records.every_record(tmp_path)) == [{**whole, "schema": records.SCHEMA}]  # append_record stamps the schema
     bench.append_record({**whole, "recorded_at": "2026-12-02T00:00:00"}, tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # repaired: no notice any more
