@@ -367,6 +367,30 @@ def _gpu_tier_memory(directory: Path) -> Table:
     return Table(("route", "allocated after load, GB", "reserved, GB"), rows, "GPU_RECORD=1 make test-gpu")
 
 
+def _versus_ple_gpu(check: dict) -> str:
+    if check["identical"]:
+        return f"identical over {check['steps']} steps"
+    return f"differ from step {check['first_difference']} (max abs difference {check['max_abs_diff']:.3g})"
+
+
+def _ple_offload(directory: Path) -> Table:
+    tier = gpu_tier(directory=directory)
+    context = tier["ple-gpu"]["prefill"][0]["context"]
+    reference = f"reference ({tier['ple-gpu']['greedy_distinct_tokens']} distinct tokens)"
+    rows = tuple((route, f"{tier[route]['resident_bytes'] / 1e9:.2f}",
+                  f"{tier[route]['prefill'][0]['peak_bytes'] / 1e9:.2f}" if tier[route]["prefill"] else "-",
+                  reference if route == "ple-gpu" else _versus_ple_gpu(tier[route]["logits_vs_ple_gpu"]))
+                 for route in ("ple-gpu", "ple-cpu", "ple-cpu-nudged"))
+    return Table(("route", "allocated after load, GB", f"peak, {context:,}-token prefill, GB", "logits vs PLE on GPU"), rows,
+                 "GPU_RECORD=1 make test-gpu")
+
+
+def _decode_by_route(directory: Path) -> Table:
+    speeds = decode_speeds(directory=directory)
+    rows = tuple((route, f"{rate}", f"{1 / rate:.3f}") for route, rate in speeds.items())
+    return Table(("route", "decode tokens/s", "s per token"), rows, "python -m lab.bench speed")
+
+
 def first_difference_at(result: dict) -> str:
     """Where two runs of a determinism comparison first differ: "never" when identical at every step."""
     if result["first_differing_step"] is None:
@@ -387,7 +411,8 @@ def _determinism(directory: Path) -> Table:
                  f"{probe['command']} ({probe['gpu']}, {probe['date']})")
 
 
-TABLES = {"determinism": (_determinism, GPU_TIER_DIR), "gpu-tier-memory": (_gpu_tier_memory, GPU_TIER_DIR),
+TABLES = {"ple-offload": (_ple_offload, GPU_TIER_DIR), "decode-by-route": (_decode_by_route, MEASUREMENTS_DIR),
+          "determinism": (_determinism, GPU_TIER_DIR), "gpu-tier-memory": (_gpu_tier_memory, GPU_TIER_DIR),
           "decode-speed": (_decode_speed, MEASUREMENTS_DIR), "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
           "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR)}
 

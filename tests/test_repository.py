@@ -332,3 +332,19 @@ def test_the_recorded_placements_agree_at_least_as_far_as_the_gpu_agrees_with_it
     placements = probe["cpu_vs_gpu_placement"]["first_differing_step"]
     agrees_until = min((step for step in itself if step is not None), default=None)  # None: at every step
     assert placements is None or (agrees_until is not None and placements >= agrees_until - 1)
+
+
+def test_the_recorded_ple_lookup_decodes_over_five_times_faster_than_a_cpu_entry_with_its_hook():
+    # notebook 05 shows the speed table; the claim its text makes is held here
+    from helpers import records
+
+    speed = records.decode_speeds("e4b-shape")
+    assert speed["cpu-entry"] < speed["ple-cpu"] / 5, speed
+
+
+def test_notebook_05s_tables_show_the_recorded_control_differing_and_the_offload_identical():
+    from helpers import records
+
+    rows = {row[0]: row for row in records.table("ple-offload").rows}
+    assert rows["ple-cpu"][3].startswith("identical") and rows["ple-cpu-nudged"][3].startswith("differ")
+    assert {"ple-gpu", "ple-cpu", "cpu-entry"} <= {row[0] for row in records.table("decode-by-route").rows}
