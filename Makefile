@@ -151,7 +151,7 @@ test-colab: install
 ## make classroom-load: 20 learners download e2b-shape (10 GB) from the classroom mirror at once (minutes; data/classroom/)
 CLASSROOM_ARGS ?= e2b-shape --clients 20 --resume-every 5 --control --record
 classroom-load: install
-	$(PY) -m helpers.classroom load $(CLASSROOM_ARGS)
+	$(PY) -m lab.classroom load $(CLASSROOM_ARGS)
 
 ## make browser-check: JupyterLab in headless Chromium runs notebooks 00, 04 and 06 (Debian: apt-get install chromium);
 ## screenshots and a summary in build/browser/ (minutes; not part of make test)
@@ -170,7 +170,7 @@ docs: install
 PRESET ?= quick
 BENCH_ARGS ?=
 bench:
-	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) -m helpers.bench $(PRESET) $(BENCH_ARGS)
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) -m lab.bench $(PRESET) $(BENCH_ARGS)
 
 ## make gpu-wheels: wheels to carry to a GPU box without a registry
 gpu-wheels:

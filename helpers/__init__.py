@@ -1,4 +1,5 @@
-"""Helpers for the course "Gemma 4 E4B on small GPUs": one module per concept it teaches.
+"""Helpers for the course "Gemma 4 E4B on small GPUs": one module per concept it teaches. The lab's equipment
+(benchmark, measure runner, record writers, load test) is the ``lab`` package, which imports this one.
 
 Imports point down this list, never up:
 
@@ -13,12 +14,11 @@ Imports point down this list, never up:
     loading                        load_model(source, quant, ple, device)
     fine_tuning                    LoRA adapters on the text decoder, QLoRA's set-up, a task to learn, the training loop
     long_context, decoding         long prompts without copies (chunks, window-sized cache); greedy decoding in CUDA graphs
+    measure                        greedy runs and their logits compared: bit for bit, within rounding, with a control
     records                        readers of the recorded results (data/measurements, gpu-tier, gguf, chat, cited)
     planner                        predict / fits: memory before loading, from a config and the records
     anatomy, charts, environment   module trees, plots, the setup check
     mirror, faults                 a classroom mirror (files streamed from disk, olah behind a guarding front); a fault-injecting proxy
-    classroom                      a room of learners downloading from the mirror at once: the load test
-    measure, bench                 the GPU runners: one route in a fresh process; the benchmark grid
     chat, gguf_route               chatting through the chat template with streaming and a stop button; the llama.cpp route
     exercises                      the exercises that end each notebook and the checker of each answer
 """

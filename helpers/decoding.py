@@ -1,37 +1,11 @@
-"""Decoding faster with what transformers and PyTorch provide, and a profile that shows why plain decoding is slow.
+"""Greedy decoding without the CPU in the way, and a profile that shows why plain decoding is slow.
 
-Plain ``generate`` at batch 1 launches hundreds (tiny) to thousands (E4B) of small kernels per token from Python;
-the GPU waits for the CPU (notebook 09 prints the profile). The tuned decode (``Decoder``) removes that wait with
-the parts below, each checked here:
-
-  hooks        accelerate wraps every module's forward in an ``AlignDevicesHook`` whose ``pre_forward`` /
-               ``post_forward`` are ``torch.compiler.disable``d (accelerate 1.15 ``hooks.py``): each is a graph
-               break. Once placement is fixed (everything on one GPU but the PLE table, which the course's
-               lookup serves), ``accelerate.hooks.remove_hook_from_module(model, recurse=True)`` takes them off.
-  static cache ``StaticCache``: tensors preallocated at fixed addresses and written in place, so a captured
-               graph can be replayed (a ``DynamicCache`` grows by ``torch.cat`` every token).
-  CUDA graph   ``torch.cuda.CUDAGraph`` (``StepGraphs``): the first decode step of a phase runs eagerly, then its kernels
-               are captured once and every later step replays them with one launch: the same kernels, so the same
-               bits. Inputs go through static buffers (copied in place), the static cache's tensors and counters are
-               written in place by the replay. ``torch.compile(backend="cudagraphs")`` cannot do this: it hands CUDA
-               graph trees only the parameters as static inputs, so the cache it mutates makes it skip the graph
-               ("mutated inputs", torch 2.11 ``_dynamo/backends/cudagraphs.py``).
-  compile      ``torch.compile(mode="reduce-overhead")``: Inductor's fused kernels in CUDA graphs, which round
-               differently. transformers' ``generate`` refuses to compile this model itself: its
-               ``_valid_auto_compile_criteria`` needs ``hf_quantizer.is_compileable`` (bitsandbytes' quantizers
-               keep the base class's ``False`` in 5.5.2, 5.17.0 and 5.24.0) and no ``"cpu"`` in ``hf_device_map``.
-  counters     a ``StaticSlidingWindowLayer`` counts its tokens in a Python int (``cumulative_length_int``) and
-               branches on it in ``update``: Dynamo makes it a symbolic int input after the first step, and
-               CUDA graph trees record a new graph for every new value of an int input
-               (``torch/_inductor/cudagraph_trees.py``, ``cudagraphify_impl``), i.e. at every token. Around the
-               compiled step the counter is pinned to the one value that picks the same branch (0 while the
-               window fills, the window once full) and restored after (``pinned_sliding_counters``).
-  PLE lookup   kept out of the captured graph: the step's PLE rows are gathered on the CPU (the course's lookup:
-               the token id comes to the host, its rows go to the GPU, pinned and non-blocking) and passed in as
-               ``per_layer_inputs``; inside a graph the device-to-host copy of the id would stop CUDA graphs.
-               The attention masks are built outside too, as ``generate`` does for a static cache.
-
-The masks and the PLE rows cost one host round trip per token; ``PLE_OPTIONS`` lists the ways to avoid even that.
+At batch 1, plain ``generate`` launches thousands of small kernels per token from Python and the GPU waits for the
+CPU (notebook 09 prints the profile). ``TunedGreedy`` removes the wait with transformers' and PyTorch's own parts:
+accelerate's hooks taken off once placement is fixed (each is a graph break), a ``StaticCache`` (fixed addresses a
+graph can replay), and the step captured once per phase as a ``torch.cuda.CUDAGraph`` (``StepGraphs``) and replayed:
+the same kernels, so the same bits. Sliding-window counters are pinned around the step so that a graph is not
+recorded per token, and the PLE rows and masks are prepared outside it; ``PLE_OPTIONS`` lists ways to avoid even that.
 """
 
 from __future__ import annotations

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from pathlib import Path
 
-from . import download as course_download
-from . import synthetic
-from .download import REAL_MODEL, explain_hub_error, hub_token, is_hub_id
 from .errors import CorruptCheckpointError, InvalidChoiceError, ModelNotFoundError, NotAGemma4CheckpointError
 
 DEFAULT_MODEL = "tiny"
@@ -21,19 +19,34 @@ SMALLER_SIBLING = {"e4b-shape": "e2b-shape", "e2b-shape": "tiny"}
 Source = str | os.PathLike | None
 
 
+def _builder():
+    """The synthetic builder, imported when a name first needs it rather than with this module, so that
+    importing ``loading`` imports neither the builder nor the downloader (``tests/test_package.py``)."""
+    return importlib.import_module(".synthetic", __package__)
+
+
+def _downloader():
+    """The course's downloader, imported on first use for the same reason as ``_builder``."""
+    return importlib.import_module(".download", __package__)
+
+
 def requested(source: Source = None) -> str:
     """What the user asked for: the argument, else ``$GEMMA_MODEL``, else ``tiny``."""
+    synthetic = _builder()
+    course_download = _downloader()
     if source is not None and not isinstance(source, (str, os.PathLike)):
         raise InvalidChoiceError(
             f"source={source!r} is not a model; pass a hub id, a folder or one of {', '.join(synthetic.SHAPES)}.")
     name = os.fspath(source) if source is not None else os.environ.get(MODEL_ENV) or DEFAULT_MODEL
     if not name.strip():
         raise InvalidChoiceError(
-            f"source={name!r} is empty; pass a hub id (e.g. {REAL_MODEL}), a folder or one of {', '.join(synthetic.SHAPES)}.")
+            f"source={name!r} is empty; pass a hub id (e.g. {course_download.REAL_MODEL}), a folder "
+            f"or one of {', '.join(synthetic.SHAPES)}.")
     return name
 
 
 def is_synthetic(source: Source = None) -> bool:
+    synthetic = _builder()
     return requested(source) in synthetic.SHAPES
 
 
@@ -51,6 +64,8 @@ def smaller_siblings(source: Source = None) -> list:
 
 
 def check_checkpoint_folder(path: Path) -> Path:
+    synthetic = _builder()
+    course_download = _downloader()
     config_file = path / "config.json"
     if not config_file.is_file():
         raise NotAGemma4CheckpointError(
@@ -67,7 +82,7 @@ def check_checkpoint_folder(path: Path) -> Path:
     if model_type not in GEMMA4_MODEL_TYPES:
         raise NotAGemma4CheckpointError(
             f"{path} holds a {model_type!r} model, not Gemma 4; this course needs a Gemma 4 checkpoint "
-            f"such as {REAL_MODEL} or a synthetic one ({', '.join(synthetic.SHAPES)})."
+            f"such as {course_download.REAL_MODEL} or a synthetic one ({', '.join(synthetic.SHAPES)})."
         )
     return path
 
@@ -76,6 +91,7 @@ def _download(repo_id: str) -> Path:
     """One location for a hub model, found without a request where it can be: the course's verified download
     (notebook 01), else the Hugging Face cache (``hf download``, an earlier run), else downloaded into the
     course's folder, verified (``download.download``); offline, only the first two."""
+    course_download = _downloader()
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -83,12 +99,12 @@ def _download(repo_id: str) -> Path:
     if downloaded is not None:
         return downloaded
     try:
-        return Path(snapshot_download(repo_id, token=hub_token(None), local_files_only=True))  # the HF cache, no request
+        return Path(snapshot_download(repo_id, token=course_download.hub_token(None), local_files_only=True))  # the HF cache, no request
     except LocalEntryNotFoundError as err:
         if constants.HF_HUB_OFFLINE:
-            raise explain_hub_error(err, repo_id) from None
+            raise course_download.explain_hub_error(err, repo_id) from None
     except Exception as err:  # noqa: BLE001 - the hub's own errors become one sentence; others propagate
-        explained = explain_hub_error(err, repo_id)
+        explained = course_download.explain_hub_error(err, repo_id)
         if explained is None:
             raise
         raise explained from None
@@ -111,6 +127,8 @@ def resolve(source: Source = None) -> Path:
     Synthetic names are built on first use (seconds for ``tiny``); a hub id is found where notebook 01
     downloaded it (or in the Hugging Face cache) without a request, and downloaded once otherwise.
     """
+    synthetic = _builder()
+    course_download = _downloader()
     name = requested(source)
     if name in synthetic.SHAPES:
         return synthetic.build(name)
@@ -119,10 +137,10 @@ def resolve(source: Source = None) -> Path:
         return check_checkpoint_folder(path)
     if path.exists():
         raise NotAGemma4CheckpointError(f"{path} is a file; pass the folder that holds config.json.")
-    if is_hub_id(name):
+    if course_download.is_hub_id(name):
         return check_checkpoint_folder(_download(name))
     raise ModelNotFoundError(
-        f"No folder {str(path)!r}, and {name!r} is not a valid hub id; pass an existing folder, a hub id like {REAL_MODEL} "
+        f"No folder {str(path)!r}, and {name!r} is not a valid hub id; pass an existing folder, a hub id like {course_download.REAL_MODEL} "
         f"(no spaces, newlines or '..'), or one of {', '.join(synthetic.SHAPES)}."
     )
 
@@ -154,6 +172,7 @@ def check_weight_files(path: Path) -> Path:
 
 
 def _repair_hint(path: Path) -> str:
+    synthetic = _builder()
     if synthetic.is_complete(path):
         shape = json.loads((path / synthetic.COMPLETE_MARKER).read_text()).get("shape")
         if shape in synthetic.SHAPES:
@@ -167,6 +186,7 @@ def _repair_hint(path: Path) -> str:
 def load_config(source=None):
     """The config of a checkpoint without loading weights: a config object as is, a synthetic
     name from ``data/configs`` (nothing built), a folder or a hub id through ``resolve``."""
+    synthetic = _builder()
     from transformers import AutoConfig, PreTrainedConfig
 
     if isinstance(source, PreTrainedConfig):

@@ -1,18 +1,22 @@
 """The recorded results: every reader of ``data/measurements`` (the benchmark), ``data/gpu-tier`` (the GPU
 tier), ``data/gguf`` (the llama.cpp route) and ``data/chat`` (plain-string messages per transformers
-release), and the environment stamp every record carries. Reading them needs no GPU."""
+release). Reading them needs no GPU; the lab's ``lab.records`` writes them."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InvalidChoiceError, RecordFileError
 from .long_context import positions_written
-from .paths import CHAT_DIR, CITED_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR, write_text_atomically
+from .paths import CHAT_DIR, CITED_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR
 
+# the benchmark records' format, written into each (tools/upgrade_records.py brings older ones to it)
+SCHEMA = 2
+# the contexts the long-context benchmark measures; E4B's max_position_embeddings is the last
+LONG_CONTEXTS = (8192, 16384, 32768, 65536, 131072)
 
 class CutRecordNotice(UserWarning):
     """A record file ends in a line a kill cut short: it is skipped, and the next append removes it."""
@@ -78,7 +82,7 @@ def decode_speeds(model: str = "e4b-shape", quant: str = "nf4", directory: Path 
             speeds[c.get("route") or f"ple-{c['ple']}"] = record["decode_tokens_per_s"]
     if not speeds:
         raise FileNotFoundError(f"No speed records for {model} {quant} in {directory}: "
-                                "run `python -m helpers.bench speed` on a GPU.")
+                                "run `python -m lab.bench speed` on a GPU.")
     return speeds
 
 
@@ -88,7 +92,7 @@ def speed_record(model: str = "e4b-shape", route: str = "ple-cpu", quant: str = 
         c = record["configuration"]
         if c["model"] == model and c["quant"] == quant and (c.get("route") or f"ple-{c['ple']}") == route:
             return record
-    raise FileNotFoundError(f"No speed record for {model} {quant} {route} in {directory}: run `python -m helpers.bench speed` on a GPU.")
+    raise FileNotFoundError(f"No speed record for {model} {quant} {route} in {directory}: run `python -m lab.bench speed` on a GPU.")
 
 
 def decode_rates_over_runs(preset: str, model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
@@ -112,7 +116,7 @@ def preset_records(preset: str, model: str = "e4b-shape", directory: Path = MEAS
 def largest_contexts(model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
     """The largest prompt each simulated card prefilled and decoded after (bisected to 512 tokens), NF4 with the PLE
     on the CPU: card GB -> {how it was prefilled: tokens}. ``generate`` in one forward (the cards preset) and the
-    chunked paths of issue 15 (``long-context-8gb``, ``long-context-cards``); a search that reached
+    chunked paths (``long-context-8gb``, ``long-context-cards``); a search that reached
     ``max_context_limit`` stopped at the model's positions, not at the card."""
     reached: dict = {}
     for preset in ("cards", "long-context-8gb", "long-context-cards"):
@@ -197,28 +201,6 @@ def gpu_tier(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU
     return read_json(path)
 
 
-# anonymous and file-backed peaks of load and generate: every benchmark record carries them (bench.RECORD_KEYS)
-HOST_PEAK_KEYS = ("host_load_anon_peak_bytes", "host_load_file_peak_bytes", "host_generate_anon_peak_bytes",
-                  "host_generate_file_peak_bytes")
-HOST_KEYS = (*HOST_PEAK_KEYS, "host_process_peak_bytes")
-
-
-def write_record(path, data) -> None:
-    """Write a record as JSON, whole or not at all: a crash mid-write leaves the previous file as it was."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
-
-
-def split_host(record: dict) -> dict:
-    """Take a route record's host-memory figures out of it, returned with what says where they come from."""
-    if not isinstance(record, dict):
-        raise InvalidChoiceError(f"record={record!r} is not a route record; pass the dict helpers.measure wrote.")
-    host = {key: record.pop(key) for key in HOST_KEYS if key in record}
-    return {**host, **{key: record[key] for key in ("model", "quant", "ple", "route", "gpu", "versions", "date", "command")
-                       if key in record}} if host else {}
-
-
 def gpu_tier_host(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU_TIER_DIR) -> dict:
     """Host memory per route (anonymous and file-backed peaks of load and generate), route -> record:
     the GPU tier writes it beside its main record."""
@@ -259,27 +241,185 @@ def plain_string_outcomes(directory: Path = CHAT_DIR) -> list:
     return read_json(path)
 
 
-def environment() -> dict:
-    """The GPU, its memory and the library versions of this machine: the stamp on every record."""
-    import accelerate
-    import torch
-    import transformers
+def plain_generate_rate(record: dict, records) -> float | None:
+    """Plain ``generate``'s tokens/s among ``records`` (one run) for the same model, PLE placement and card as
+    ``record``: what its speed-up is a ratio of; None where the run has none, or ``record`` is it."""
+    if not isinstance(record, dict) or not isinstance(record.get("configuration"), dict):
+        raise InvalidChoiceError(f"record={record!r} is not a benchmark record; pass a dict lab.bench recorded.")
+    config = record["configuration"]
+    same = ("model", "ple", "card_gb")
+    plain = next((r for r in records if r["configuration"].get("decode") == "generate"
+                  and all(r["configuration"].get(key) == config.get(key) for key in same)), None)
+    return plain.get("decode_tokens_per_s") if plain is not None and plain is not record else None
 
-    try:
-        import bitsandbytes
 
-        bnb = bitsandbytes.__version__
-    except ImportError:
-        bnb = None
-    gpu = torch.cuda.get_device_properties(0)
-    return {
-        "gpu": gpu.name,
-        "gpu_total_bytes": gpu.total_memory,
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "accelerate": accelerate.__version__,
-            "bitsandbytes": bnb,
-        },
-        "date": datetime.date.today().isoformat(),
-    }
+def rounding_sentence(check: dict) -> str:
+    """How far kernels that round differently stayed from their reference, from an ``identity`` result."""
+    rounding = check["rounding"]
+    verdict = "within rounding" if rounding["within_rounding"] else "further than rounding"
+    parted = ("the greedy tokens never part" if rounding["tokens_part_at"] is None
+              else f"the greedy tokens part at step {rounding['tokens_part_at']}")
+    control = "caught" if check.get("rounding_control_caught") else "NOT caught"
+    return (f"{verdict}: {judged_difference(rounding)} against a bound of {rounding['bound']} x "
+            f"the reference's spread {rounding['reference_std']:.2f}, over the {rounding['compared_steps']} steps until "
+            f"{parted}; the control, the reference one step late as a cache one position off would give: {control}")
+
+
+def judged_difference(rounding: dict) -> str:
+    """The difference a rounding verdict was judged on, named: the root mean square, or the largest."""
+    if rounding["statistic"] == "rms":
+        return f"root mean square difference {rounding['rms_diff']:.3g} (largest {rounding['max_abs_diff']:.3g})"
+    return f"largest difference {rounding['max_abs_diff']:.3g}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A recorded table, ready to read: its cells are formatted, the command that recorded it is named. A notebook
+    shows it as is; ``tools/render_results.py`` writes the same table into ``docs/results.md`` (``markdown``)."""
+
+    columns: tuple
+    rows: tuple
+    command: str = ""
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.columns) + " |", "|" + "---|" * len(self.columns)]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in self.rows])
+
+    def _repr_markdown_(self) -> str:
+        return self.markdown() + (f"\n\nRecorded by `{self.command}`." if self.command else "")
+
+    def __str__(self) -> str:
+        widths = [max(len(cell) for cell in column) for column in zip(self.columns, *self.rows)]
+        return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+                         for row in (self.columns, *self.rows))
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+
+def _ratio(rate, reference) -> str:
+    return f"{rate / reference:.2f}" if rate and reference else "-"
+
+
+def _outcome(record: dict, rate) -> str:
+    """A rate, or why a configuration has none."""
+    return str(rate or record.get("crashed") or record.get("load_error") or ("out of memory" if record.get("greedy_oom") else "-"))
+
+
+def _identity(check: dict) -> str:
+    if not check:
+        return "-"
+    if not check.get("compared"):
+        return "not compared"
+    if check.get("control"):
+        return "told apart (control)" if check.get("told_apart") else "NOT told apart (control)"
+    if check.get("rounding"):
+        return f"differ from step {check['first_difference']}; {rounding_sentence(check)}"
+    return ("identical" if check.get("identical") else f"differ from step {check.get('first_difference')}") + \
+        f" over {check.get('steps')} steps"
+
+
+def _decode_speed(directory: Path) -> Table:
+    run = preset_records("decode-speed", directory=directory)
+    plain = run.get("generate", {}).get("decode_tokens_per_s")
+    rows = []
+    for name, record in run.items():
+        rate, profile = record.get("decode_tokens_per_s"), record.get("profile") or {}
+        launches, busy = profile.get("by_step", {}).get("launches"), profile.get("device_busy_fraction")
+        rows.append((name, _outcome(record, rate), _ratio(rate, plain), str(record.get("bandwidth_limit_tokens_per_s", "-")),
+                     _identity(record.get("identity", {})), f"{launches:,.0f}" if launches else "-", f"{busy:.0%}" if busy else "-"))
+    return Table(("mode", "tokens/s", "x plain generate", "bandwidth limit, tokens/s", "logits vs generate with a static cache",
+                  "CPU launches per step (profile)", "GPU busy (profile)"), tuple(rows), _command(run))
+
+
+def _decode_speed_inductor(directory: Path) -> Table:
+    run = preset_records("decode-speed-inductor", directory=directory)
+    reference = run.get("generate-static", {}).get("decode_tokens_per_s")
+    rows = tuple((name, _outcome(record, record.get("decode_tokens_per_s")), _ratio(record.get("decode_tokens_per_s"), reference),
+                  _identity(record.get("identity") or {})) for name, record in run.items()) if reference else ()
+    return Table(("mode", "tokens/s", "x generate-static", "logits vs generate-static"), rows, _command(run))
+
+
+def _decode_speed_elsewhere(directory: Path) -> Table:
+    rows, commands = [], []
+    for preset, model in (("decode-speed-more", "e4b-shape"), ("decode-speed-e2b", "e2b-shape")):
+        run = preset_records(preset, model, directory)
+        history = decode_rates_over_runs(preset, model, directory)
+        commands += [_command(run)] if run else []
+        for name, record in run.items():
+            config, rate = record["configuration"], record.get("decode_tokens_per_s")
+            runs = history.get(name, [])
+            rows.append((name, model, config["ple"].upper(), f"{config['card_gb']:g} GB" if config.get("card_gb") else "uncapped",
+                         _outcome(record, rate), _ratio(rate, plain_generate_rate(record, run.values())),
+                         f"{min(runs)}-{max(runs)} ({len(runs)} runs)" if len(runs) > 1 else "one run"))
+    return Table(("configuration", "model", "PLE on", "card", "tokens/s", "x plain generate", "tokens/s over recorded runs"),
+                 tuple(rows), "; ".join(commands))
+
+
+def _command(run: dict) -> str:
+    return next(iter(run.values()))["command"] if run else ""
+
+
+def _gpu_tier_memory(directory: Path) -> Table:
+    tier = gpu_tier(directory=directory)
+    rows = tuple((route, f"{tier[route]['resident_bytes'] / 1e9:.2f}", f"{tier[route]['reserved_bytes'] / 1e9:.2f}")
+                 for route in ("ple-gpu", "post-load", "ple-cpu") if tier.get(route))
+    return Table(("route", "allocated after load, GB", "reserved, GB"), rows, "GPU_RECORD=1 make test-gpu")
+
+
+def _versus_ple_gpu(check: dict) -> str:
+    if check["identical"]:
+        return f"identical over {check['steps']} steps"
+    return f"differ from step {check['first_difference']} (max abs difference {check['max_abs_diff']:.3g})"
+
+
+def _ple_offload(directory: Path) -> Table:
+    tier = gpu_tier(directory=directory)
+    context = tier["ple-gpu"]["prefill"][0]["context"]
+    reference = f"reference ({tier['ple-gpu']['greedy_distinct_tokens']} distinct tokens)"
+    rows = tuple((route, f"{tier[route]['resident_bytes'] / 1e9:.2f}",
+                  f"{tier[route]['prefill'][0]['peak_bytes'] / 1e9:.2f}" if tier[route]["prefill"] else "-",
+                  reference if route == "ple-gpu" else _versus_ple_gpu(tier[route]["logits_vs_ple_gpu"]))
+                 for route in ("ple-gpu", "ple-cpu", "ple-cpu-nudged"))
+    return Table(("route", "allocated after load, GB", f"peak, {context:,}-token prefill, GB", "logits vs PLE on GPU"), rows,
+                 "GPU_RECORD=1 make test-gpu")
+
+
+def _decode_by_route(directory: Path) -> Table:
+    speeds = decode_speeds(directory=directory)
+    rows = tuple((route, f"{rate}", f"{1 / rate:.3f}") for route, rate in speeds.items())
+    return Table(("route", "decode tokens/s", "s per token"), rows, "python -m lab.bench speed")
+
+
+def first_difference_at(result: dict) -> str:
+    """Where two runs of a determinism comparison first differ: "never" when identical at every step."""
+    if result["first_differing_step"] is None:
+        return "never"
+    size = result.get("max_abs_diff_there")
+    return f"step {result['first_differing_step']}" + (f" (max |diff| {size:.3g} there)" if size is not None else "")
+
+
+def _determinism(directory: Path) -> Table:
+    probe = gpu_tier_file("determinism-e4b-shape.json", directory)
+    rows = (("the same model, twice", ", ".join(first_difference_at(r) for r in probe["gpu_run_to_run"])),
+            ("with cuDNN's attention allowed, twice", first_difference_at(probe["cudnn_attention_run_to_run"])),
+            ("PLE on CPU against PLE on GPU", first_difference_at(probe["cpu_vs_gpu_placement"])),
+            ("PLE on CPU after an 8,500-token prefill, against before it",
+             first_difference_at(probe["cpu_after_a_long_prefill_vs_before"])))
+    rows = (("settings", probe["settings"]), *rows)
+    return Table((f"over {probe['new_tokens']} greedy steps", "first different at"), rows,
+                 f"{probe['command']} ({probe['gpu']}, {probe['date']})")
+
+
+TABLES = {"ple-offload": (_ple_offload, GPU_TIER_DIR), "decode-by-route": (_decode_by_route, MEASUREMENTS_DIR),
+          "determinism": (_determinism, GPU_TIER_DIR), "gpu-tier-memory": (_gpu_tier_memory, GPU_TIER_DIR),
+          "decode-speed": (_decode_speed, MEASUREMENTS_DIR), "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
+          "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR)}
+
+
+def table(name: str, directory: Path | None = None) -> Table:
+    """A recorded table by name (``TABLES``), the one ``docs/results.md`` shows; empty where nothing is recorded yet."""
+    if name not in TABLES:
+        raise InvalidChoiceError(f"name={name!r} is not a recorded table; choose one of {', '.join(TABLES)}.")
+    build, default = TABLES[name]
+    return build(Path(directory) if directory is not None else default)

@@ -7,9 +7,10 @@ import sys
 import pytest
 import torch
 
-from helpers import bench, cards, long_context, measure, models, records
+from helpers import cards, long_context, measure, models, records
 from helpers.errors import CourseError, InvalidChoiceError
 from helpers.planner import largest_true
+from lab import bench
 
 
 def test_bisection_finds_the_largest_context_that_fits_to_the_resolution():
@@ -29,10 +30,10 @@ def test_every_preset_runs_each_configuration_with_both_placements():
 
 
 def test_dry_run_lists_measure_commands_without_a_gpu():
-    done = subprocess.run([sys.executable, "-m", "helpers.bench", "cards", "--dry-run"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "lab.bench", "cards", "--dry-run"], capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     assert done.returncode == 0 and len(lines) == len(bench.presets()["cards"])
-    assert all(line.startswith("-m helpers.measure") and "--search-max-context" in line for line in lines)
+    assert all(line.startswith("-m lab.measure") and "--search-max-context" in line for line in lines)
 
 
 def fake_runner(mismatch=False, crash_on=None, logits_mismatch=False):
@@ -102,7 +103,7 @@ def test_decode_speeds_come_only_from_runs_timed_one_process_at_a_time(tmp_path)
     assert speeds == {"ple-gpu": 9.0, "ple-cpu": 9.0, "cpu-entry": 9.0}
     side_by_side = tmp_path / "concurrent"
     bench.run_preset("speed", runner=fake_runner(), directory=side_by_side, jobs=2)
-    with pytest.raises(FileNotFoundError, match="helpers.bench speed"):
+    with pytest.raises(FileNotFoundError, match="lab.bench speed"):
         records.decode_speeds("e4b-shape", directory=side_by_side)  # nulled timings are not speeds
 
 
@@ -185,16 +186,16 @@ def test_the_long_context_preset_fills_all_131072_positions_with_32_decoded_on_a
     control = configurations["tuned-128k-8gb-nudged"]  # an identity with nothing beside it that must differ proves nothing
     assert control.control and control.route == "ple-cpu-nudged" and control.reference == capped.reference
     assert (control.card_gb, control.greedy_context, control.new_tokens) == (8, capped.greedy_context, capped.new_tokens)
-    assert configurations["plain"].contexts == configurations["tuned"].contexts == bench.LONG_CONTEXTS
+    assert configurations["plain"].contexts == configurations["tuned"].contexts == records.LONG_CONTEXTS
 
 
 @pytest.mark.parametrize("preset", ISSUE_15)
 def test_dry_run_lists_the_long_context_and_decoding_options(preset):
-    done = subprocess.run([sys.executable, "-m", "helpers.bench", preset, "--dry-run"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "lab.bench", preset, "--dry-run"], capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     assert done.returncode == 0 and len(lines) == len(bench.presets()[preset])
     for line, config in zip(lines, bench.presets()[preset]):
-        assert line.startswith(f"PYTORCH_ALLOC_CONF={config.allocator} " if config.allocator else "-m helpers.measure")
+        assert line.startswith(f"PYTORCH_ALLOC_CONF={config.allocator} " if config.allocator else "-m lab.measure")
         assert ("--path " + config.path in line) == bool(config.path)
         assert ("--decode " + config.decode in line) == bool(config.decode)
         assert ("--logits-out" in line) == config.keep_logits and ("--profile-trace" in line) == config.profile
@@ -344,7 +345,7 @@ def test_what_notebook_09_and_the_readme_say_about_128k_on_an_8_gb_card_is_what_
 def test_what_notebook_09_says_about_expandable_segments_on_an_8_gb_card_is_what_the_newest_records_say():
     # "it reached further on the 8 GB card"; "the tuned path ... has nothing to fragment" (it reached the limit)
     reached = records.largest_contexts()[8]
-    chunks = f"chunks of {bench.DEFAULT_CHUNK:,}"
+    chunks = f"chunks of {long_context.DEFAULT_CHUNK:,}"
     plain, expandable = reached[f"plain, {chunks}"][0], reached[f"plain, {chunks}, expandable_segments:True"][0]
     assert expandable > plain
     assert reached[f"tuned, {chunks}"][1] and reached[f"tuned, {chunks}, expandable_segments:True"][1]
@@ -387,13 +388,13 @@ def test_the_rounding_check_stops_where_the_greedy_tokens_part_and_still_checks_
     assert not measure.compare_rounding(reference, parted)["within_rounding"]
 
 
-def test_a_rounding_verdict_names_the_statistic_it_was_judged_on_and_an_old_record_keeps_its_own():
+def test_a_rounding_verdict_names_the_statistic_it_was_judged_on():
     rounding = {"rms_diff": 0.03, "max_abs_diff": 0.162, "reference_std": 1.0, "compared_steps": 18, "tokens_part_at": 17,
-                "within_rounding": True, "bound": 0.1}
+                "within_rounding": True, "bound": 0.1, "statistic": "max"}
     check = {"rounding": rounding, "rounding_control_caught": True}
-    assert "largest difference 0.162 against" in bench.rounding_sentence(check)  # recorded before the rule changed
+    assert "largest difference 0.162 against" in records.rounding_sentence(check)  # judged on the largest
     rounding["statistic"] = "rms"
-    assert "root mean square difference 0.03 (largest 0.162) against" in bench.rounding_sentence(check)
+    assert "root mean square difference 0.03 (largest 0.162) against" in records.rounding_sentence(check)
 
 
 def test_a_speed_up_under_a_card_cap_is_a_ratio_of_plain_generate_under_the_same_cap_and_placement():
@@ -404,7 +405,7 @@ def test_a_speed_up_under_a_card_cap_is_a_ratio_of_plain_generate_under_the_same
     run = [record("gpu-generate", "generate", 16.0, ple="gpu"), record("generate", "generate", 13.0),
            record("generate-8gb", "generate", 12.0, card_gb=8), record("cudagraphs-8gb", "cudagraphs", 78.0, card_gb=8),
            record("gpu-cudagraphs", "cudagraphs", 76.0, ple="gpu"), record("lone-cudagraphs-15gb", "cudagraphs", 1.0, card_gb=15)]
-    rates = {r["configuration"]["name"]: bench.plain_generate_rate(r, run) for r in run}
+    rates = {r["configuration"]["name"]: records.plain_generate_rate(r, run) for r in run}
     assert rates == {"gpu-generate": None, "generate": None, "generate-8gb": None, "cudagraphs-8gb": 12.0,
                      "gpu-cudagraphs": 16.0, "lone-cudagraphs-15gb": None}
     assert any("cudagraphs-8gb; 78.0 tokens/s, 6.50x plain generate" in line for line in bench.summary_lines(run))
@@ -412,8 +413,8 @@ def test_a_speed_up_under_a_card_cap_is_a_ratio_of_plain_generate_under_the_same
 
 @pytest.mark.parametrize("record", [None, {"decode_tokens_per_s": 1.0}, {"configuration": "e4b"}])
 def test_a_speed_up_asked_of_something_that_is_not_a_benchmark_record_is_refused_in_one_sentence(record):
-    with pytest.raises(InvalidChoiceError, match="is not a benchmark record; pass a dict helpers.bench recorded"):
-        bench.plain_generate_rate(record, [])
+    with pytest.raises(InvalidChoiceError, match="is not a benchmark record; pass a dict lab.bench recorded"):
+        records.plain_generate_rate(record, [])
 
 
 def test_a_record_line_a_kill_cut_short_is_skipped_with_a_notice_and_the_next_append_removes_it(tmp_path):
@@ -427,7 +428,7 @@ def test_a_record_line_a_kill_cut_short_is_skipped_with_a_notice_and_the_next_ap
     target = tmp_path / "tiny.jsonl"
     target.write_text(target.read_text() + '{"preset": "quick", "configur')  # the kill, mid-append
     with pytest.warns(records.CutRecordNotice, match="cut short"):
-        assert list(records.every_record(tmp_path)) == [whole]
+        assert list(records.every_record(tmp_path)) == [{**whole, "schema": records.SCHEMA}]  # append_record stamps the schema
     bench.append_record({**whole, "recorded_at": "2026-12-02T00:00:00"}, tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # repaired: no notice any more

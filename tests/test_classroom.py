@@ -1,7 +1,7 @@
 """A room downloading from the classroom mirror: every learner gets every file whole, an interrupted file
 resumes with the missing bytes only, and the server's memory stays flat however many learners pull the
 same shard (beside olah, which the control shows holding the whole file per request). The full
-20-learner run on a multi-GB checkpoint is `python -m helpers.classroom load e2b-shape --record`."""
+20-learner run on a multi-GB checkpoint is `python -m lab.classroom load e2b-shape --record`."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import checksums, classroom, download, mirror
+from helpers import checksums, download, mirror
 from helpers.paths import CLASSROOM_DIR
+from lab import classroom
 
 REPO = "google/gemma-4-E4B-it"
 BIG_BYTES = 96 * 10**6
@@ -153,7 +154,7 @@ def test_four_learners_pulling_one_96_mb_file_leave_the_front_flat_while_olah_ho
 
 def test_the_recorded_room_verified_every_file_and_kept_the_server_under_1_gb():
     records = sorted(Path(CLASSROOM_DIR).glob("load-*.json"))
-    assert records, "run python -m helpers.classroom load e2b-shape --clients 20 --control --record"
+    assert records, "run python -m lab.classroom load e2b-shape --clients 20 --control --record"
     for path in records:
         record = json.loads(path.read_text())
         assert record["every_file_verified"] and not record["failures"]

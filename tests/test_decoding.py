@@ -11,8 +11,10 @@ import torch
 import transformers
 from packaging.version import Version
 
-from helpers import bench, decoding, loading, measure, placement
+from helpers import decoding, loading, measure, placement
 from helpers.errors import CourseError, InvalidChoiceError
+from lab import bench
+from lab import measure as lab_measure
 
 NEW = 24
 OLD_RELEASE = Version(transformers.__version__) < Version("5.17.0")  # no per_layer_inputs, no hooks on 5.5.2 (below)
@@ -297,7 +299,7 @@ def test_a_profile_writes_a_chrome_trace_of_the_decode_a_learner_can_open(nf4, i
 
 @needs_ple_outside
 def test_the_decode_speed_route_records_what_the_benchmark_compares_on_the_cpu(nf4, tokenizer, tmp_path):
-    """measure._measure_decoding is what `make bench PRESET=decode-speed` runs on the GPU; on the CPU its records
+    """lab.measure._measure_decoding is what `make bench PRESET=decode-speed` runs on the GPU; on the CPU its records
     must already carry self-consistency and logits that bench.identity compares, control included."""
     cpu = torch.device("cpu")
     records = {}
@@ -307,7 +309,7 @@ def test_the_decode_speed_route_records_what_the_benchmark_compares_on_the_cpu(n
         nudge = measure.ple_row_nudged(nf4, int(measure.prompt_ids(tokenizer, 32, "cpu")[0, -1])) if nudged \
             else contextlib.nullcontext()
         with nudge, math_attention():
-            measure._measure_decoding(nf4, tokenizer, cpu, record, decode=mode, new_tokens=12, decode_runs=0,
+            lab_measure._measure_decoding(nf4, tokenizer, cpu, record, decode=mode, new_tokens=12, decode_runs=0,
                                       greedy_context=32, logits_out=tmp_path / f"{name}.pt", profile_trace=None,
                                       profile_steps=4)
         record["logits_file"] = str(tmp_path / f"{name}.pt")

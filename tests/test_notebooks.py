@@ -85,7 +85,8 @@ def test_the_install_cell_makes_helpers_importable_in_an_already_running_kernel(
     import venv
 
     repo = tmp_path / "course"
-    shutil.copytree(ROOT / "helpers", repo / "helpers", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("helpers", "lab"):  # both packages pyproject installs
+        shutil.copytree(ROOT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", repo)
     (repo / "README.md").write_text("course")
     (repo / "requirements.txt").write_text("")  # the stack itself is what CI installs; this checks the mechanism

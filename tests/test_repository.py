@@ -133,7 +133,8 @@ def test_a_failed_notebook_cell_on_a_card_is_named_under_the_table_with_its_exce
 
 
 def test_a_record_that_cannot_be_written_whole_leaves_the_previous_file_and_no_partial_one(tmp_path, monkeypatch):
-    from helpers import paths, records
+    from helpers import paths
+    from lab import records
 
     target = tmp_path / "gpu-tier" / "e4b-shape-nf4.json"
     records.write_record(target, {"ple-cpu": {"resident_bytes": 1}})
@@ -151,7 +152,7 @@ def test_a_record_that_cannot_be_written_whole_leaves_the_previous_file_and_no_p
 
 def test_split_host_refuses_what_is_not_a_route_record_in_one_sentence():
     from helpers.errors import InvalidChoiceError
-    from helpers.records import split_host
+    from lab.records import split_host
 
     with pytest.raises(InvalidChoiceError, match="is not a route record"):
         split_host(None)
@@ -161,7 +162,9 @@ def test_the_determinism_verdict_claims_whole_runs_agree_only_when_every_recorde
     tool = _tool("render_results")
     agreeing = {"command": "probe", "gpu": "G", "date": "d", "model": "m", "new_tokens": 256, "settings": "s",
                 "gpu_run_to_run": [{"first_differing_step": None}] * 2, "cpu_vs_gpu_placement": {"first_differing_step": None},
-                "cudnn_attention_run_to_run": {"first_differing_step": 241, "max_abs_diff_there": 0.0742}}
+                "cudnn_attention_run_to_run": {"first_differing_step": 241, "max_abs_diff_there": 0.0742},
+                "cpu_after_a_long_prefill_vs_before": {"first_differing_step": None},
+                "cpu_after_a_long_prefill_run_to_run": {"first_differing_step": None}}  # every key the probe writes
     text = tool.render_determinism(agreeing)
     assert "over all 256 steps" in text and "step 241 (max |diff| 0.0742 there)" in text
     drifting = {**agreeing, "gpu_run_to_run": [{"first_differing_step": None}, {"first_differing_step": 225}]}
@@ -175,7 +178,7 @@ def test_inductors_speed_is_shown_without_a_correctness_claim_only_when_it_left_
 
     tool = _tool("render_results")
     rounding = {"within_rounding": within, "tokens_part_at": 17, "max_abs_diff": 0.16, "reference_std": 1.0,
-                "compared_steps": 18}
+                "compared_steps": 18, "statistic": "max", "bound": 0.1}
     run = {"generate-static": {"decode_tokens_per_s": 10.0, "command": "bench"},
            "reduce-overhead": {"decode_tokens_per_s": 90.0, "identity": {
                "compared": True, "first_difference": 1, "identical": False, "steps": 256, "rounding": rounding,
@@ -205,7 +208,7 @@ def test_a_decode_speed_that_moved_between_runs_shows_its_range_beside_the_newes
     real = (records.preset_records, records.decode_rates_over_runs)
     monkeypatch.setattr(records, "preset_records", lambda preset, model="e4b-shape", directory=None: real[0](
         preset, model, directory=tmp_path))
-    monkeypatch.setattr(records, "decode_rates_over_runs", lambda preset, model="e4b-shape": real[1](
+    monkeypatch.setattr(records, "decode_rates_over_runs", lambda preset, model="e4b-shape", directory=None: real[1](
         preset, model, directory=tmp_path))
     text = "\n".join(_tool("render_results").render_decode_elsewhere())
     assert "| e4b-cpu-generate-8gb | e4b-shape | CPU | 8 GB | 13.93 | - | 8.44-13.93 (2 runs) |" in text
@@ -268,3 +271,80 @@ def test_a_rendered_page_cut_short_fails_the_check_and_a_render_cut_short_leaves
         tool.main([])
     monkeypatch.undo()
     assert readme.read_text() == whole.replace("| yes |", "| no |", 1) and not list(tmp_path.glob(".*partial"))
+
+
+@pytest.mark.parametrize("name", ["decode-speed", "decode-speed-inductor", "decode-speed-elsewhere"])
+def test_a_notebook_reads_the_very_table_docs_results_shows(name):
+    from helpers import records
+    from helpers.paths import REPO_ROOT
+
+    table = records.table(name)
+    assert table.rows and table.markdown() in (REPO_ROOT / "docs" / "results.md").read_text()
+
+
+def test_a_recorded_table_follows_the_records_it_is_built_from(tmp_path):
+    # the control for the check above: one changed rate changes the table
+    from helpers import records
+    from helpers.paths import MEASUREMENTS_DIR
+
+    lines = (MEASUREMENTS_DIR / "e4b-shape.jsonl").read_text().splitlines()
+    changed = [json.loads(line) for line in lines]
+    latest = max(i for i, r in enumerate(changed) if r.get("preset") == "decode-speed")
+    changed[latest]["decode_tokens_per_s"] = 0.5
+    (tmp_path / "e4b-shape.jsonl").write_text("\n".join(json.dumps(r) for r in changed) + "\n")
+    assert str(records.table("decode-speed", tmp_path)) != str(records.table("decode-speed"))
+
+
+def test_an_unknown_table_name_is_refused_in_one_sentence_that_lists_the_tables():
+    from helpers import records
+    from helpers.errors import InvalidChoiceError
+
+    with pytest.raises(InvalidChoiceError, match="decode-speed-inductor"):
+        records.table("decode speed")
+
+
+def test_every_committed_benchmark_record_is_in_the_current_schema_so_readers_need_no_old_format_branch():
+    done = subprocess.run([sys.executable, "tools/upgrade_records.py", "--check"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stdout
+
+
+def test_a_record_older_than_the_schema_is_upgraded_with_the_rule_it_was_judged_by():
+    # the control for the check above: an old record is seen and brought to the schema
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import upgrade_records
+
+    from helpers import records
+
+    old = {"identity": {"rounding": {"max_abs_diff": 0.2, "within_rounding": False}}}
+    new = upgrade_records.upgraded(old)
+    assert new != old and new["schema"] == records.SCHEMA
+    assert new["identity"]["rounding"]["statistic"] == "max" and new["identity"]["rounding"]["bound"] == 0.1
+    assert upgrade_records.upgraded(new) == new
+
+
+def test_the_recorded_placements_agree_at_least_as_far_as_the_gpu_agrees_with_itself():
+    # notebook 05 shows the determinism probe's table; the claim it rests on is held here
+    from helpers import records
+
+    probe = records.gpu_tier_file("determinism-e4b-shape.json")
+    itself = [r["first_differing_step"] for r in probe["gpu_run_to_run"]]
+    placements = probe["cpu_vs_gpu_placement"]["first_differing_step"]
+    agrees_until = min((step for step in itself if step is not None), default=None)  # None: at every step
+    assert placements is None or (agrees_until is not None and placements >= agrees_until - 1)
+
+
+def test_the_recorded_ple_lookup_decodes_over_five_times_faster_than_a_cpu_entry_with_its_hook():
+    # notebook 05 shows the speed table; the claim its text makes is held here
+    from helpers import records
+
+    speed = records.decode_speeds("e4b-shape")
+    assert speed["cpu-entry"] < speed["ple-cpu"] / 5, speed
+
+
+def test_notebook_05s_tables_show_the_recorded_control_differing_and_the_offload_identical():
+    from helpers import records
+
+    rows = {row[0]: row for row in records.table("ple-offload").rows}
+    assert rows["ple-cpu"][3].startswith("identical") and rows["ple-cpu-nudged"][3].startswith("differ")
+    assert {"ple-gpu", "ple-cpu", "cpu-entry"} <= {row[0] for row in records.table("decode-by-route").rows}

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers import loading, placement, synthetic, weights
+from helpers import loading, placement, records, synthetic, weights
 from helpers.paths import GPU_TIER_DIR
 
 GPU_RECORD = GPU_TIER_DIR / "e4b-shape-nf4.json"
@@ -32,3 +32,14 @@ def test_nf4_estimate_agrees_with_the_recorded_h200_measurement_within_2_percent
     meta = weights.meta_model(synthetic.gemma4_config(record["model"]))
     estimate = weights.weight_bytes(meta, record["quant"], ple)
     assert abs(estimate.gpu_bytes - record["resident_bytes"]) / record["resident_bytes"] < 0.02
+
+
+def test_the_recorded_ple_offload_frees_what_the_weight_count_says_within_3_percent():
+    # notebook 05 prints both figures; the recorded H200 run must agree with the meta model's count
+
+
+    recorded = records.gpu_tier("e4b-shape", "nf4")
+    freed = recorded["ple-gpu"]["resident_bytes"] - recorded["ple-cpu"]["resident_bytes"]
+    e4b = weights.meta_model(synthetic.gemma4_config("e4b-shape"))
+    counted = weights.weight_bytes(e4b, "nf4", "gpu").gpu_bytes - weights.weight_bytes(e4b, "nf4", "cpu").gpu_bytes
+    assert counted > 0 and abs(freed - counted) / counted < 0.03, (freed, counted)

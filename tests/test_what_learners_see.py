@@ -8,7 +8,7 @@ import matplotlib
 import nbformat
 import pytest
 
-from helpers import anatomy, bench, cards, charts, models, planner, records, weights
+from helpers import anatomy, cards, charts, models, planner, records, weights
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -133,13 +133,13 @@ def test_the_decode_speed_chart_shows_one_labelled_bar_per_timed_mode_and_names_
 
 
 def test_the_long_prompt_chart_draws_the_recorded_paths_solid_beside_the_planners_dotted_ones_and_names_each_card():
-    ax = charts.peak_against_context_paths(planner.chunked_peaks(bench.LONG_CONTEXTS), records.long_context_peaks())
+    ax = charts.peak_against_context_paths(planner.chunked_peaks(records.LONG_CONTEXTS), records.long_context_peaks())
     solid = {line.get_label() for line in ax.get_lines() if line.get_linestyle() == "-" and line.get_label()[0] != "_"}
     dotted = {line.get_label() for line in ax.get_lines() if line.get_linestyle() == ":" and line.get_label()[0] != "_"}
     assert solid == {"plain: measured", "tuned: measured"} and dotted == {"plain: planner", "tuned: planner"}
     assert {text.get_text() for text in ax.texts} == {f"{gb:g} GB card" for gb in cards.SIMULATED_CARDS_GB}
     plt.close(ax.figure)
     # the control: before the preset has run, nothing is drawn as measured
-    ax = charts.peak_against_context_paths(planner.chunked_peaks(bench.LONG_CONTEXTS), {})
+    ax = charts.peak_against_context_paths(planner.chunked_peaks(records.LONG_CONTEXTS), {})
     assert not [line for line in ax.get_lines() if line.get_linestyle() == "-" and line.get_label()[0] != "_"]
     plt.close(ax.figure)

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
         return 0
     from helpers import synthetic
     from helpers.models import is_synthetic
-    from helpers.records import write_record
+    from lab.records import write_record
 
     if is_synthetic(args.model):
         synthetic.build(args.model)

@@ -58,7 +58,7 @@ if __name__ == "__main__":
     print(json.dumps(found))
     if "--record" in sys.argv:
         from helpers.paths import GPU_TIER_DIR
-        from helpers.records import environment, write_record
+        from lab.records import environment, write_record
 
         found.update(environment(), model=sys.argv[1], new_tokens=int(sys.argv[2]),
                      command=f"python tools/determinism_probe.py {sys.argv[1]} {sys.argv[2]} --record")

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tier-status", type=int, required=True)
     parser.add_argument("--notebooks-status", type=int, required=True)
     args = parser.parse_args(argv)
-    from helpers.records import environment
+    from lab.records import environment
 
     record = summary(args.seconds, args.tier_status, args.notebooks_status, environment())
     TARGET.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
 from helpers.paths import GPU_TIER_DIR  # noqa: E402
-from helpers.records import write_record  # noqa: E402
+from lab.records import write_record  # noqa: E402
 
 
 def cells(junit: Path):
@@ -88,7 +88,7 @@ def context_for(args, model: str) -> dict:
     if args.environment_from:
         context = environment_from(args.environment_from)
     else:
-        from helpers.records import environment
+        from lab.records import environment
 
         context = environment()
     context["command"] = args.command or f"GPU_RECORD=1 GEMMA_MODEL={model} CARD_GB={os.environ.get('CARD_GB', '')} make test-gpu-notebooks"

@@ -6,7 +6,7 @@ from a recorded run, none is typed.
 
 Records read: data/course-runs/ (tools/run_course.py --record: seconds per notebook on tiny / CPU),
 data/gpu-tier/notebooks-<model>.json (nbval on e4b-shape under 8 GB, 15 GB and the whole GPU),
-data/classroom/ (python -m helpers.classroom load), data/measurements/ (the benchmark, for the figures).
+data/classroom/ (python -m lab.classroom load), data/measurements/ (the benchmark, for the figures).
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def render() -> str:
         "",
         "The mirror sends files straight from disk and resumes interrupted ones; olah (behind it, on loopback) answers "
         "only the file lists. Without `--classroom` it serves this machine only. It serves plain HTTP without a password: "
-        "stop it (Ctrl+C) when the class is over. `python -m helpers.classroom load e2b-shape --clients 20 --record` "
+        "stop it (Ctrl+C) when the class is over. `python -m lab.classroom load e2b-shape --clients 20 --record` "
         "measures it on your own machine before the day.",
         "",
         *classroom(),
@@ -188,7 +188,7 @@ def figures() -> list:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from helpers import bench, charts, planner, records
+    from helpers import charts, planner, records
 
     FIGURES.mkdir(parents=True, exist_ok=True)
     memory = records.latest_records(preset="memory")
@@ -198,7 +198,7 @@ def figures() -> list:
                        ("what-fits-on-which-card.png", lambda ax: charts.card_fits(cards, ax=ax,
                                                                                    planner=planner.expected_largest_context)),
                        ("long-prompts.png", lambda ax: charts.peak_against_context_paths(
-                           planner.chunked_peaks(bench.LONG_CONTEXTS), records.long_context_peaks(), ax=ax))):
+                           planner.chunked_peaks(records.LONG_CONTEXTS), records.long_context_peaks(), ax=ax))):
         figure, ax = plt.subplots(figsize=(9, 5.5))
         draw(ax)
         figure.tight_layout()

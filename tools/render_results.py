@@ -166,31 +166,22 @@ def placement_verdict(gpu: dict, cpu: dict) -> str:
 
 
 def render_determinism(record: dict) -> str:
-    """The determinism probe's record, older ones (no settings, cuDNN's attention allowed) too."""
-    def at(result) -> str:
-        if result["first_differing_step"] is None:
-            return "never"
-        size = result.get("max_abs_diff_there")
-        return f"step {result['first_differing_step']}" + (f" (max |diff| {size:.3g} there)" if size is not None else "")
+    """The determinism probe's record (tools/determinism_probe.py)."""
+    from helpers.records import first_difference_at as at
 
-    settings = record.get("settings", "CUBLAS_WORKSPACE_CONFIG=:4096:8, cuDNN's attention allowed")
     found = [f"the same {record['model']} NF4 model, PLE on GPU, run again in the same process first differs: "
-             f"{', '.join(at(r) for r in record['gpu_run_to_run'])} (of {record['new_tokens']} steps)"]
-    if "deterministic_algorithms_run_to_run" in record:
-        found.append(f"with `torch.use_deterministic_algorithms` too: {at(record['deterministic_algorithms_run_to_run'])}")
-    if "cudnn_attention_run_to_run" in record:
-        found.append(f"with cuDNN's attention allowed again, two runs first differ: {at(record['cudnn_attention_run_to_run'])}")
-    found.append(f"PLE on CPU against PLE on GPU first differs: {at(record['cpu_vs_gpu_placement'])}")
-    if "cpu_after_a_long_prefill_run_to_run" in record:
-        found.append("PLE on CPU after an 8,500-token prefill, against before it and run to run: "
-                     f"{at(record['cpu_after_a_long_prefill_vs_before'])}, {at(record['cpu_after_a_long_prefill_run_to_run'])}")
+             f"{', '.join(at(r) for r in record['gpu_run_to_run'])} (of {record['new_tokens']} steps)",
+             f"with cuDNN's attention allowed again, two runs first differ: {at(record['cudnn_attention_run_to_run'])}",
+             f"PLE on CPU against PLE on GPU first differs: {at(record['cpu_vs_gpu_placement'])}",
+             "PLE on CPU after an 8,500-token prefill, against before it and run to run: "
+             f"{at(record['cpu_after_a_long_prefill_vs_before'])}, {at(record['cpu_after_a_long_prefill_run_to_run'])}"]
     checked = [record["cpu_vs_gpu_placement"], *record["gpu_run_to_run"]]
     verdict = (f"Under these settings every run agreed with itself and the placements with each other over all "
                f"{record['new_tokens']} steps; the comparisons still count only the steps where each run agrees with "
                "itself, so a GPU or a library that repeats itself less cannot turn noise into a false difference."
                if all(r["first_differing_step"] is None for r in checked)
                else "Identity between placements is therefore checked over the steps where each agrees with itself.")
-    return (f"**Is the GPU bit-reproducible?** `{record['command']}` on {record['gpu']}, {record['date']} ({settings}): "
+    return (f"**Is the GPU bit-reproducible?** `{record['command']}` on {record['gpu']}, {record['date']} ({record['settings']}): "
             + "; ".join(found) + ". " + verdict)
 
 
@@ -263,7 +254,8 @@ def _peak_at(record, context):
 
 
 def render_benchmark() -> str:
-    from helpers import bench, cards, planner, records
+    from helpers import cards, planner, records
+    from lab import bench
 
     latest = records.latest_records()
     if not latest:
@@ -363,10 +355,10 @@ def render_benchmark() -> str:
 def render_issue15() -> str:
     """Long prompts and decoding speed: the planner's prediction (derived, not measured) and whatever the issue-15
     presets have recorded; what is not measured yet says so, with the command that measures it."""
-    from helpers import bench, measure, planner, records
+    from helpers import long_context, measure, planner, records
 
     lines = ["**Long prompts** (E4B-shaped, NF4, PLE on the CPU, prefill in chunks of "
-             f"{bench.DEFAULT_CHUNK:,} tokens). Plain: `generate(prefill_chunk_size=...)` as it comes; tuned: "
+             f"{long_context.DEFAULT_CHUNK:,} tokens). Plain: `generate(prefill_chunk_size=...)` as it comes; tuned: "
              "`helpers.long_context.LongContext()` (a `StaticCache`, attention without `repeat_kv`). Peak GB allocated "
              "(and reserved by PyTorch's caching allocator, uncapped):", "",
              "| context | planner, plain | planner, tuned | measured, plain | measured, tuned |", "|---|---|---|---|---|"]
@@ -381,8 +373,8 @@ def render_issue15() -> str:
         reserved = point.get("peak_reserved_bytes")
         return gb(point["peak_bytes"]) + (f" ({gb(reserved)})" if reserved else "")
 
-    predicted = planner.chunked_peaks(bench.LONG_CONTEXTS, prefill_chunk=bench.DEFAULT_CHUNK)
-    for context in bench.LONG_CONTEXTS:
+    predicted = planner.chunked_peaks(records.LONG_CONTEXTS, prefill_chunk=long_context.DEFAULT_CHUNK)
+    for context in records.LONG_CONTEXTS:
         cells = [cell(measured[name].get(context)) for name in ("plain", "tuned")]
         lines.append(f"| {context:,} | {gb(predicted['plain'][context])} | {gb(predicted['tuned'][context])} | {cells[0]} | {cells[1]} |")
     goal = records.long_context_goal()
@@ -396,12 +388,12 @@ def render_issue15() -> str:
     ways = list(dict.fromkeys(how for card in reached.values() for how in card))
     if any("chunks" in how for how in ways):
         lines += ["", f"The largest prompt each simulated card prefilled and decoded {measure.FIT_DECODE_TOKENS} tokens after "
-                  f"(bisected to 512 tokens; * stopped at the model's {bench.LONG_CONTEXTS[-1]:,} positions, not at the card):", "",
+                  f"(bisected to 512 tokens; * stopped at the model's {records.LONG_CONTEXTS[-1]:,} positions, not at the card):", "",
                   "| card | " + " | ".join(ways) + " |", "|---" * (len(ways) + 1) + "|"]
         for card, by_way in reached.items():
             row = [("-" if way not in by_way else f"{by_way[way][0]:,}" + ("*" if by_way[way][1] else "")) for way in ways]
             lines.append(f"| {card:g} GB | " + " | ".join(row) + " |")
-        lines += ["", "Recorded by `python -m helpers.bench cards`, `long-context-8gb` and `long-context-cards`. The seed "
+        lines += ["", "Recorded by `python -m lab.bench cards`, `long-context-8gb` and `long-context-cards`. The seed "
                   "issue's 16 GB card ran out of memory at an 8,500-token prefill (PLE on the GPU, modules kept in bf16)."]
         lines += render_fragmentation(reached)
     speed = records.preset_records("decode-speed")
@@ -410,22 +402,7 @@ def render_issue15() -> str:
         lines.append("Not yet measured on a GPU: `make bench PRESET=decode-speed` (and `decode-speed-inductor`, "
                      "`decode-speed-more`, `decode-speed-e2b`).")
         return "\n".join(lines)
-    plain = speed.get("generate", {}).get("decode_tokens_per_s")
-    lines += ["| mode | tokens/s | x plain generate | bandwidth limit, tokens/s | logits vs generate with a static cache "
-              "| CPU launches per step (profile) | GPU busy (profile) |", "|---|---|---|---|---|---|---|"]
-    for name, record in speed.items():
-        rate = record.get("decode_tokens_per_s")
-        check = record.get("identity", {})
-        verdict = "-" if not check else (("told apart (control)" if check.get("told_apart") else "NOT told apart (control)")
-                                         if check.get("control") else ("identical" if check.get("identical") else
-                                         f"differ from step {check.get('first_difference')}")
-                                         + f" over {check.get('steps')} steps") if check.get("compared") else "not compared"
-        ratio = f"{rate / plain:.2f}" if rate and plain else "-"
-        profile = record.get("profile") or {}
-        launches, busy = profile.get("by_step", {}).get("launches"), profile.get("device_busy_fraction")
-        lines.append(f"| {name} | {rate or record.get('crashed') or record.get('load_error') or '-'} | {ratio} | "
-                     f"{record.get('bandwidth_limit_tokens_per_s', '-')} | {verdict} | "
-                     f"{f'{launches:,.0f}' if launches else '-'} | {f'{busy:.0%}' if busy else '-'} |")
+    lines.append(records.table("decode-speed").markdown())
     lines += ["", f"Recorded by `{next(iter(speed.values()))['command']}`. The profile covers 16 steps and the "
               "prefill before them; GPU busy is the time its kernels ran over the wall time; its Chrome trace is written "
               "under `build/traces/` (open it at https://ui.perfetto.dev)."]
@@ -441,15 +418,15 @@ def render_issue15() -> str:
 
 def render_fragmentation(reached: dict) -> list:
     """What the allocator setting was worth to the plain path, against the planner's figures for that card."""
-    from helpers import bench, planner
+    from helpers import long_context, planner
 
     sentences = []
     for card, by_way in reached.items():
-        default = by_way.get(f"plain, chunks of {bench.DEFAULT_CHUNK:,}")
-        expandable = by_way.get(f"plain, chunks of {bench.DEFAULT_CHUNK:,}, expandable_segments:True")
+        default = by_way.get(f"plain, chunks of {long_context.DEFAULT_CHUNK:,}")
+        expandable = by_way.get(f"plain, chunks of {long_context.DEFAULT_CHUNK:,}, expandable_segments:True")
         if not (default and expandable and default[0] and expandable[0]):
             continue
-        verdict = planner.fits("e4b-shape", card, "nf4", "cpu", default[0], prefill_chunk=bench.DEFAULT_CHUNK, path="plain")
+        verdict = planner.fits("e4b-shape", card, "nf4", "cpu", default[0], prefill_chunk=long_context.DEFAULT_CHUNK, path="plain")
         sentences.append(
             f"On the {card:g} GB card, `PYTORCH_ALLOC_CONF=expandable_segments:True` took the plain path from {default[0]:,} "
             f"to {expandable[0]:,} tokens ({expandable[0] / default[0]:.2f}x, the same run): every chunk's `torch.cat` of "
@@ -463,7 +440,7 @@ def render_fragmentation(reached: dict) -> list:
 
 def render_inductor() -> list:
     """Inductor's fused kernels in CUDA graphs, against generate with a static cache of the same run."""
-    from helpers import bench, records
+    from helpers import records
 
     run = records.preset_records("decode-speed-inductor")
     reference = run.get("generate-static", {}).get("decode_tokens_per_s")
@@ -472,22 +449,11 @@ def render_inductor() -> list:
                 "PRESET=decode-speed-inductor`)."]
     lines = ["", "**Inductor**, `torch.compile(mode=\"reduce-overhead\")`: fused kernels in CUDA graphs, which round "
              "differently, so they are held to rounding rather than identity (x: against generate with a static cache "
-             "of the same run):", "", "| mode | tokens/s | x generate-static | logits vs generate-static |", "|---|---|---|---|"]
-    for name, record in run.items():
-        rate, check = record.get("decode_tokens_per_s"), record.get("identity") or {}
-        if not check.get("compared"):
-            verdict = "-" if not check else "not compared"
-        elif check.get("rounding"):
-            verdict = f"differ from step {check['first_difference']}; {bench.rounding_sentence(check)}"
-        else:
-            verdict = ("identical" if check["identical"] else f"differ from step {check['first_difference']}") + \
-                f" over {check['steps']} steps"
-        lines.append(f"| {name} | {rate or record.get('crashed') or '-'} | "
-                     f"{f'{rate / reference:.2f}' if rate else '-'} | {verdict} |")
+             "of the same run):", "", records.table("decode-speed-inductor").markdown()]
     lines += ["", f"Recorded by `{next(iter(run.values()))['command']}`."]
     fused = run.get("reduce-overhead", {}).get("identity", {}).get("rounding")
     if fused and not fused["within_rounding"]:
-        rule = ("" if fused.get("statistic") == "rms" else
+        rule = ("" if fused["statistic"] == "rms" else
                 " (judged on the largest difference, the rule when this ran; the course now judges the root mean "
                 "square difference, which this record does not have: the next run of the preset decides)")
         lines += ["", "Inductor's logits moved further from the eager kernels' than the course's rounding bound allows "
@@ -505,36 +471,22 @@ def render_inductor() -> list:
 def render_decode_elsewhere() -> list:
     """The tuned decode with the PLE on the GPU, under an 8 GB cap, and on E2B: each ratio against plain generate
     of the same run, placement and card, where that run has one."""
-    from helpers import bench, records
+    from helpers import records
 
-    rows, by_preset = [], {}
-    for preset, model in (("decode-speed-more", "e4b-shape"), ("decode-speed-e2b", "e2b-shape")):
-        recorded = by_preset[preset] = records.preset_records(preset, model)
-        history = records.decode_rates_over_runs(preset, model)
-        for name, record in recorded.items():
-            config = record["configuration"]
-            rate, plain = record.get("decode_tokens_per_s"), bench.plain_generate_rate(record, recorded.values())
-            ratio = f"{rate / plain:.2f}" if rate and plain else "-"
-            card = f"{config['card_gb']:g} GB" if config.get("card_gb") else "uncapped"
-            runs = history.get(name, [])
-            spread = f"{min(runs)}-{max(runs)} ({len(runs)} runs)" if len(runs) > 1 else "one run"
-            rows.append(f"| {name} | {model} | {config['ple'].upper()} | {card} | "
-                        f"{rate or record.get('crashed') or ('out of memory' if record.get('greedy_oom') else '-')} | "
-                        f"{ratio} | {spread} |")
-    more = by_preset["decode-speed-more"]
+    elsewhere = records.table("decode-speed-elsewhere")
+    more = records.preset_records("decode-speed-more")
     capped, uncapped = (more.get(name, {}).get("decode_tokens_per_s") for name in ("e4b-cpu-generate-8gb", "e4b-cpu-generate"))
     cap_sentence = ["", f"What the cap alone costs: plain `generate` (PLE on the CPU) ran {capped} tokens/s under the "
                     f"8 GB cap and {uncapped} uncapped in the same run (capped / uncapped {capped / uncapped:.2f})."
                     ] if capped and uncapped else []
-    if not rows:
+    if not elsewhere:
         return ["", "With the PLE on the GPU, under an 8 GB cap and on E2B: not yet measured (`make bench "
                 "PRESET=decode-speed-more`, `decode-speed-e2b`)."]
     return ["", "The same decode elsewhere (x: against plain `generate` of the same run, placement and card; the last "
             "column: the lowest and highest tokens/s over every recorded run of that configuration, other machines "
             "and days, which is why ratios are taken within one run):", "",
-            "| configuration | model | PLE on | card | tokens/s | x plain generate | tokens/s over recorded runs |",
-            "|---|---|---|---|---|---|---|", *rows,
-            "", "Recorded by `python -m helpers.bench decode-speed-more` (and `decode-speed-e2b`).", *cap_sentence]
+            elsewhere.markdown(),
+            "", "Recorded by `python -m lab.bench decode-speed-more` (and `decode-speed-e2b`).", *cap_sentence]
 
 
 def render_gpu_run(run: dict) -> str:
@@ -593,7 +545,7 @@ def render() -> str:
 def render_headline() -> str:
     """The README's first results: what E4B-shaped NF4 with the PLE on the CPU does on each learner's card (the
     planner, calibrated on the records), and three recorded figures."""
-    from helpers import bench, cards, planner, records
+    from helpers import cards, planner, records
 
     lines = [HEADLINE_START, "| card | loads E4B NF4, PLE on the CPU | longest prompt in one prefill, safe | the course's steps on "
              "E4B itself |",
@@ -608,7 +560,7 @@ def render_headline() -> str:
     gpu, cpu = tier["ple-gpu"], tier["ple-cpu"]
     same = cpu["logits_vs_ple_gpu"]
     speed = records.preset_records("decode-speed")
-    graphs, plain = speed.get("cudagraphs", {}), bench.plain_generate_rate(speed.get("cudagraphs", {}), speed.values())
+    graphs, plain = speed.get("cudagraphs", {}), records.plain_generate_rate(speed.get("cudagraphs", {}), speed.values())
     goal = records.preset_records("long-context").get("tuned-128k-8gb", {})
     check = goal.get("identity") or {}
     lines += ["", f"- **The PLE table on the CPU:** {gb(gpu['resident_bytes'])} GB on the GPU becomes {gb(cpu['resident_bytes'])} GB, and "

@@ -1,6 +1,6 @@
 """GPU tier: E4B-shaped NF4 in both PLE placements, and the naive routes that fail.
 
-Each route runs in its own process (``python -m helpers.measure``) so peak-memory figures
+Each route runs in its own process (``python -m lab.measure``) so peak-memory figures
 are clean. With ``GPU_RECORD=1`` the records are written to ``data/gpu-tier/``.
 """
 
@@ -11,10 +11,10 @@ import subprocess
 import pytest
 import torch
 
-from helpers.bench import Configuration
 from helpers.measure import compare_logits
 from helpers.paths import GPU_TIER_DIR
-from helpers.records import split_host, write_record
+from lab.bench import Configuration
+from lab.records import split_host, write_record
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -42,7 +42,7 @@ def routes(tmp_path_factory):
     counters are per process, so the memory figures are exact; the speeds are not (the processes
     share the GPU), so they are nulled. The benchmark's speed preset measures speed."""
     from helpers import models, synthetic
-    from helpers.bench import without_timings
+    from lab.bench import without_timings
 
     if models.is_synthetic(MODEL):
         synthetic.build(MODEL)  # here, with its progress bar; the five processes would wait on its lock in silence
@@ -69,7 +69,7 @@ def routes(tmp_path_factory):
 
     def run(route):
         if cache[route] is None:
-            pytest.fail(f"route {route} crashed; run its helpers.measure command (printed above) to see why")
+            pytest.fail(f"route {route} crashed; run its lab.measure command (printed above) to see why")
         return cache[route]
 
     yield run

@@ -1,13 +1,13 @@
 """The course's benchmark: a grid of configurations, each measured in a fresh process on a GPU,
 recorded under data/measurements/, with PLE-on-CPU vs PLE-on-GPU ratios from the same run.
 
-    python -m helpers.bench quick              # or: memory, cards, speed
-    python -m helpers.bench memory --jobs 4    # configurations side by side (memory only, no timings)
-    python -m helpers.bench memory --dry-run   # list what a preset would run
-    python -m helpers.bench long-context       # issue 15: peak vs context, plain and tuned; 128k on an 8 GB card
-    python -m helpers.bench decode-speed       # issue 15: plain generate vs the tuned decode, logits compared
+    python -m lab.bench quick              # or: memory, cards, speed
+    python -m lab.bench memory --jobs 4    # configurations side by side (memory only, no timings)
+    python -m lab.bench memory --dry-run   # list what a preset would run
+    python -m lab.bench long-context       # peak vs context, plain and tuned; 128k on an 8 GB card
+    python -m lab.bench decode-speed       # plain generate vs the tuned decode, logits compared
 
-Each configuration runs ``python -m helpers.measure`` in its own process, so an out-of-memory
+Each configuration runs ``python -m lab.measure`` in its own process, so an out-of-memory
 error is recorded as a result and cannot poison the next one. Records accumulate: every run
 appends one JSON line per configuration to ``data/measurements/<model>.jsonl``.
 
@@ -38,18 +38,20 @@ from pathlib import Path
 
 import torch
 
-from . import models
-from .cards import SIMULATED_CARDS_GB
-from .errors import CourseError, InvalidChoiceError
-from .long_context import DEFAULT_CHUNK, longest_prompt
-from .measure import DECODE_MODES, ROUNDING_BOUND, compare_logits, compare_rounding
-from .paths import BUILD_DIR, MEASUREMENTS_DIR
-from .placement import PLACEMENTS
-from .records import HOST_PEAK_KEYS, speed_record
+from helpers import models
+from helpers.cards import SIMULATED_CARDS_GB
+from helpers.errors import CourseError, InvalidChoiceError
+from helpers.long_context import DEFAULT_CHUNK, longest_prompt
+from helpers.measure import compare_logits, compare_rounding
+from helpers.paths import BUILD_DIR, MEASUREMENTS_DIR
+from helpers.placement import PLACEMENTS
+from helpers.records import LONG_CONTEXTS, SCHEMA, judged_difference, plain_generate_rate, rounding_sentence, speed_record
+
+from .measure import DECODE_MODES
+from .records import HOST_PEAK_KEYS
 
 MODELS = ("e4b-shape", "e2b-shape")
 MEMORY_CONTEXTS = (512, 1024, 2048, 4096, 8500, 16384, 32768)
-LONG_CONTEXTS = (8192, 16384, 32768, 65536, 131072)  # E4B's max_position_embeddings is the last
 # the goal's conversation fills E4B's 131,072 positions: the longest prompt that leaves room for 32 decoded tokens
 GOAL_NEW_TOKENS = 32
 GOAL_PROMPT = longest_prompt(LONG_CONTEXTS[-1], GOAL_NEW_TOKENS)
@@ -66,7 +68,7 @@ class Configuration:
     new_tokens: int = 64
     decode_runs: int = 1
     search_max_context: bool = False
-    route: str = ""  # a helpers.measure route other than the course loader's ple-<ple>, e.g. cpu-entry
+    route: str = ""  # a lab.measure route other than the course loader's ple-<ple>, e.g. cpu-entry
     name: str = ""  # unique within a preset; configurations compared by name rather than by placement
     path: str = ""  # long prompts: "plain" or "tuned" chunked prefill (measure --path)
     prefill_chunk: int = DEFAULT_CHUNK
@@ -87,7 +89,7 @@ class Configuration:
         return TRACES_DIR / f"{preset}-{self.model}-{self.name or self.measured_route}.json"
 
     def command(self, json_path, logits_path=None, trace_path=None) -> list:
-        cmd = [sys.executable, "-m", "helpers.measure", "--model", self.model, "--quant", self.quant,
+        cmd = [sys.executable, "-m", "lab.measure", "--model", self.model, "--quant", self.quant,
                "--route", self.measured_route, "--new-tokens", str(self.new_tokens),
                "--decode-runs", str(self.decode_runs), "--json", str(json_path)]
         if logits_path is not None:
@@ -243,7 +245,7 @@ def without_timings(record: dict, jobs: int) -> dict:
 
 def run_in_fresh_process(config: Configuration, timeout_s: float = 540, logits_dir: Path | None = None,
                          preset: str = "") -> dict:
-    """One configuration in its own ``python -m helpers.measure`` process; its logits (``keep_logits``) go to
+    """One configuration in its own ``python -m lab.measure`` process; its logits (``keep_logits``) go to
     ``logits_dir`` for the comparisons, its profile trace to ``build/traces/``."""
     logits = Path(logits_dir) / f"{config.name or config.measured_route}.pt" if config.keep_logits and logits_dir else None
     trace = config.trace_path(preset) if config.profile else None
@@ -271,6 +273,7 @@ def append_record(record: dict, directory: Path = MEASUREMENTS_DIR) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{record['configuration']['model']}.jsonl"
     kept = {key: value for key, value in record.items() if key != "logits_file"}  # a scratch file, gone after the run
+    kept["schema"] = SCHEMA
     with _APPEND_LOCK, open(target, "a+b") as handle:
         handle.seek(0)
         text = handle.read()
@@ -305,26 +308,6 @@ def identity(reference: dict | None, candidate: dict, config: Configuration) -> 
         # would give, must fall outside it on these very logits, or the bound could not catch a real fault
         result["rounding_control_caught"] = not compare_rounding(first[1:steps], first[:steps - 1])["within_rounding"]
     return result
-
-
-def rounding_sentence(check: dict) -> str:
-    """How far kernels that round differently stayed from their reference, from an ``identity`` result."""
-    rounding = check["rounding"]
-    verdict = "within rounding" if rounding["within_rounding"] else "further than rounding"
-    parted = ("the greedy tokens never part" if rounding["tokens_part_at"] is None
-              else f"the greedy tokens part at step {rounding['tokens_part_at']}")
-    control = "caught" if check.get("rounding_control_caught") else "NOT caught"
-    return (f"{verdict}: {judged_difference(rounding)} against a bound of {rounding.get('bound', ROUNDING_BOUND)} x "
-            f"the reference's spread {rounding['reference_std']:.2f}, over the {rounding['compared_steps']} steps until "
-            f"{parted}; the control, the reference one step late as a cache one position off would give: {control}")
-
-
-def judged_difference(rounding: dict) -> str:
-    """The difference a rounding verdict was judged on, named; a record made before the rule changed to the root
-    mean square (no ``statistic``) was judged on the largest."""
-    if rounding.get("statistic") == "rms":
-        return f"root mean square difference {rounding['rms_diff']:.3g} (largest {rounding['max_abs_diff']:.3g})"
-    return f"largest difference {rounding['max_abs_diff']:.3g}"
 
 
 def identity_failures(records: list) -> list:
@@ -427,7 +410,7 @@ def _run_configurations(name, configurations, runner, directory, command, jobs) 
             finished[config.name] = record
         if jobs > 1:
             without_timings(record, jobs)
-        record.update(configuration=asdict(config), preset=name, command=command or f"python -m helpers.bench {name}",
+        record.update(configuration=asdict(config), preset=name, command=command or f"python -m lab.bench {name}",
                       recorded_at=datetime.datetime.now().isoformat(timespec="seconds"))
         record.pop("greedy_tokens", None)  # the hash and the count stay
         record.update({key: record.get(key, getattr(config, key, None)) for key in RECORD_KEYS})
@@ -442,18 +425,6 @@ def _run_configurations(name, configurations, runner, directory, command, jobs) 
     else:
         records = [run_one(item) for item in enumerate(configurations, 1)]
     return records, compare(records)
-
-
-def plain_generate_rate(record: dict, records) -> float | None:
-    """Plain ``generate``'s tokens/s among ``records`` (one run) for the same model, PLE placement and card as
-    ``record``: what its speed-up is a ratio of; None where the run has none, or ``record`` is it."""
-    if not isinstance(record, dict) or not isinstance(record.get("configuration"), dict):
-        raise InvalidChoiceError(f"record={record!r} is not a benchmark record; pass a dict helpers.bench recorded.")
-    config = record["configuration"]
-    same = ("model", "ple", "card_gb")
-    plain = next((r for r in records if r["configuration"].get("decode") == "generate"
-                  and all(r["configuration"].get(key) == config.get(key) for key in same)), None)
-    return plain.get("decode_tokens_per_s") if plain is not None and plain is not record else None
 
 
 def summary_lines(records: list) -> list:
@@ -516,17 +487,17 @@ def main(argv=None) -> int:
             seconds = estimate_seconds(config)
             total += seconds
             print(f"{config.name or config.measured_route:<24} {seconds:6.0f} s")
-        print(f"{'total':<24} {total:6.0f} s (recorded speeds of the speed preset; assumptions in helpers/bench.py)")
+        print(f"{'total':<24} {total:6.0f} s (recorded speeds of the speed preset; assumptions in lab/bench.py)")
         return 0
     if not torch.cuda.is_available():
-        print("helpers.bench measures GPU memory and speed: run it on a CUDA machine.")
+        print("lab.bench measures GPU memory and speed: run it on a CUDA machine.")
         return 2
     for model in sorted({config.model for config in presets()[args.preset]}):
         # built here with one progress bar; the jobs would wait on the build lock in silence
         print(f"checkpoint {model}: {models.resolve(model)}", flush=True)
     try:
         records, comparisons = run_preset(args.preset, jobs=args.jobs,
-                                          command="python -m helpers.bench " + " ".join(argv or sys.argv[1:]))
+                                          command="python -m lab.bench " + " ".join(argv or sys.argv[1:]))
     except CourseError as err:
         print(err, file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """A room of learners downloading one checkpoint from the classroom mirror at once, on loopback.
 
-    python -m helpers.classroom load e2b-shape --clients 20 --record
+    python -m lab.classroom load e2b-shape --clients 20 --record
 
 starts the mirror as an instructor would (``python -m helpers.mirror serve``, its own process), lets one
 learner download every file, then ``--clients`` learners at once, each in a process of its own. Every
@@ -31,11 +31,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-from . import checksums, synthetic
-from .download import expected_files
-from .errors import InvalidChoiceError, require_whole_number
-from .mirror import LOOPBACK, free_port
-from .paths import CLASSROOM_DIR, REPO_ROOT
+from helpers import checksums, synthetic
+from helpers.download import expected_files
+from helpers.errors import InvalidChoiceError, require_whole_number
+from helpers.mirror import LOOPBACK, free_port
+from helpers.paths import CLASSROOM_DIR, REPO_ROOT
 
 REPO = "google/gemma-4-E4B-it"  # the name learners ask for
 CHUNK_BYTES = 1024 * 1024
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
 
     record.update(model=args.model, date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(), ram_bytes=psutil.virtual_memory().total,
                   platform=f"{platform.system()} {platform.machine()}", python=platform.python_version(),
-                  command="python -m helpers.classroom " + " ".join(argv if argv is not None else sys.argv[1:]))
+                  command="python -m lab.classroom " + " ".join(argv if argv is not None else sys.argv[1:]))
     print(json.dumps(record, indent=1))
     if args.record:
         CLASSROOM_DIR.mkdir(parents=True, exist_ok=True)
