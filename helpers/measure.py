@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from . import placement
+from . import cards, placement
 from .errors import InvalidChoiceError
 from .long_context import LongContext
 
