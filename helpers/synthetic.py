@@ -44,10 +44,11 @@ MERGES = (("▁", "t"), ("h", "e"), ("▁t", "he"), ("i", "n"), ("e", "r"), ("o"
           ("r", "e"), ("▁", "w"), ("e", "s"), ("a", "t"), ("o", "r"), ("e", "n"), ("t", "o"), ("▁", "o"),
           ("▁", "i"), ("i", "s"), ("n", "d"), ("▁", "p"))
 # Gemma 4's protocol markers with the ids Google's tokenizer gives them (public copies of its vocabulary agree:
-# see data/chat/published-protocol.json). A shape whose vocabulary has room keeps them there; tiny's 320 ids
-# are all taken by its specials, 256 byte tokens and pieces, so it keeps only the thinking markers, at free ids.
-PROTOCOL_TOKENS = {"<|tool>": 46, "<tool|>": 47, "<|tool_call>": 48, "<tool_call|>": 49, "<|tool_response>": 50,
-                   "<tool_response|>": 51, '<|"|>': 52, "<|think|>": 98, "<|channel>": 100, "<channel|>": 101}
+# see data/chat/published-protocol.json). Every shape keeps them there; tiny's 320 ids then hold its specials,
+# the 256 byte tokens at the ids left free, and only as many merges as still fit.
+PROTOCOL_TOKENS = {"<eos>": 1, "<|tool>": 46, "<tool|>": 47, "<|tool_call>": 48, "<tool_call|>": 49,
+                   "<|tool_response>": 50, "<tool_response|>": 51, '<|"|>': 52, "<|think|>": 98, "<|channel>": 100,
+                   "<channel|>": 101, "<|turn>": 105, "<turn|>": 106}
 CHAT_CONTROL_TOKENS = {"think_token": "<|think|>", "soc_token": "<|channel>", "eoc_token": "<channel|>"}
 # The published generation_config.json stops at <eos>, <turn|> and <|tool_response>: a model that calls a tool
 # writes "<|tool_call>...<tool_call|><|tool_response>" and waits for the caller to run it.
@@ -247,49 +248,52 @@ def _special_token_ids(config) -> dict[str, int]:
     }
 
 
-def _byte_block_fits(special_ids, vocab_size: int) -> bool:
-    return any(start + 256 <= vocab_size and not any(start <= i < start + 256 for i in special_ids)
-               for start in BYTE_TOKEN_BLOCK_STARTS)
-
-
 def stop_token_ids(config) -> list[int]:
     """The ids the checkpoint's generation config stops at: ``STOP_TOKENS`` in this vocabulary."""
     specials = vocabulary(config)[1]
     return [specials[token] for token in STOP_TOKENS if token in specials]
 
 
-def _byte_block_start(special_ids, vocab_size: int) -> int:
+def _byte_ids(special_ids, vocab_size: int) -> list[int]:
+    """256 ids for the byte tokens: the first block of ``BYTE_TOKEN_BLOCK_STARTS`` clear of the specials,
+    else the first 256 free ids (tiny, whose specials are spread over its small vocabulary)."""
+    taken = set(special_ids)
     for start in BYTE_TOKEN_BLOCK_STARTS:
         block = range(start, start + 256)
-        if block.stop <= vocab_size and not any(i in block for i in special_ids):
-            return start
-    raise InvalidChoiceError(
-        f"vocab_size={vocab_size} leaves no room for 256 byte tokens beside the special tokens; use at least 320."
-    )
+        if block.stop <= vocab_size and taken.isdisjoint(block):
+            return list(block)
+    free = [i for i in range(vocab_size) if i not in taken]
+    if len(free) < 256 + len(BASE_PIECES):
+        raise InvalidChoiceError(
+            f"vocab_size={vocab_size} leaves no room for 256 byte tokens and the letters beside the special tokens; "
+            f"use at least 320.")
+    return free[:256]
 
 
 def vocabulary(config) -> tuple[dict[str, int], dict[str, int]]:
-    """(every token -> id, the special tokens -> id): the config's special ids, the chat controls at the
-    first free ids, 256 byte tokens, the pieces and merges, and "<unusedN>" up to ``vocab_size``."""
+    """(every token -> id, the special tokens -> id): the config's special ids, the protocol markers at their
+    published ids (a marker whose id the config gives another token goes to the first free id), 256 byte
+    tokens, the letters, as many merges as fit, and "<unusedN>" up to ``vocab_size``."""
     vocab_size = config.get_text_config().vocab_size
     specials = _special_token_ids(config)
-    published = {token: i for token, i in PROTOCOL_TOKENS.items() if i not in specials.values()}
-    if _byte_block_fits([*specials.values(), *published.values()], vocab_size):
-        specials.update(published)
-    else:  # tiny: the thinking markers at the first free ids, as before; no room is left for the tool markers
-        free = (i for i in range(vocab_size) if i not in set(specials.values()))
-        specials.update({token: next(free) for token in CHAT_CONTROL_TOKENS.values()})
-    start = _byte_block_start(specials.values(), vocab_size)
+    for token, i in PROTOCOL_TOKENS.items():
+        if token not in specials and i < vocab_size and i not in specials.values():
+            specials[token] = i
+    for token in (t for t in PROTOCOL_TOKENS if t not in specials):
+        specials[token] = next(i for i in range(vocab_size) if i not in specials.values())
     vocab = dict(specials)
-    vocab.update({f"<0x{byte:02X}>": start + byte for byte in range(256)})
-    pieces = [*BASE_PIECES, *("".join(pair) for pair in MERGES)]
+    vocab.update({f"<0x{byte:02X}>": i for byte, i in enumerate(_byte_ids(specials.values(), vocab_size))})
     taken = set(vocab.values())
     free_ids = [i for i in range(vocab_size) if i not in taken]
-    if len(free_ids) < len(pieces):
-        raise InvalidChoiceError(f"vocab_size={vocab_size} is too small for the synthetic tokenizer; use at least 320.")
+    pieces = [*BASE_PIECES, *("".join(pair) for pair in MERGES)][:len(free_ids)]
     vocab.update(zip(pieces, free_ids))
     vocab.update({f"<unused{n}>": i for n, i in enumerate(free_ids[len(pieces):])})
     return vocab, specials
+
+
+def kept_merges(vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """The merges whose result the vocabulary holds (``MERGES`` in order, so each one's parts exist)."""
+    return [pair for pair in MERGES if "".join(pair) in vocab]
 
 
 def build_tokenizer(config):
@@ -299,7 +303,7 @@ def build_tokenizer(config):
     from transformers import PreTrainedTokenizerFast
 
     vocab, specials = vocabulary(config)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES), unk_token="<unk>", byte_fallback=True))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=kept_merges(vocab), unk_token="<unk>", byte_fallback=True))
     backend.normalizer = normalizers.Replace(Regex(" "), SPACE_PIECE)
     backend.decoder = decoders.Sequence([decoders.Replace(SPACE_PIECE, " "), decoders.ByteFallback(), decoders.Fuse()])
     backend.add_special_tokens(list(specials))

@@ -389,12 +389,21 @@ def test_without_parse_response_the_courses_regex_parses_the_same_call(tiny_toke
     assert parsed["tool_calls"] == CALLED and parsed["thinking"] == "Need it." and parsed["content"] == "Checking."
 
 
-def test_the_full_size_shapes_carry_gemma4s_protocol_tokens_at_the_published_ids_and_stop_at_all_three():
-    config = synthetic.gemma4_config("e4b-shape")
+@pytest.mark.parametrize("shape", list(synthetic.SHAPES))
+def test_every_shape_carries_gemma4s_protocol_tokens_at_the_published_ids_and_stops_at_all_three(shape):
+    config = synthetic.gemma4_config(shape)
     specials = synthetic.vocabulary(config)[1]
     assert {token: specials[token] for token in synthetic.PROTOCOL_TOKENS} == synthetic.PROTOCOL_TOKENS
-    assert synthetic.stop_token_ids(config) == [1, 106, 50]
-    assert synthetic.generation_config(config).eos_token_id == [1, 106, 50]
+    stops = [synthetic.PROTOCOL_TOKENS[token] for token in synthetic.STOP_TOKENS]
+    assert synthetic.stop_token_ids(config) == stops and synthetic.generation_config(config).eos_token_id == stops
+
+
+def test_tinys_tokenizer_reads_a_tool_call_marker_as_one_token_and_still_spells_any_text(tiny_tokenizer):
+    ids = tiny_tokenizer("<|tool_call>call:f{}<tool_call|>", add_special_tokens=False)["input_ids"]
+    assert ids[0] == synthetic.PROTOCOL_TOKENS["<|tool_call>"] and ids[-1] == synthetic.PROTOCOL_TOKENS["<tool_call|>"]
+    text = "Grüße, 世界! <tool_call> is plain text"
+    assert tiny_tokenizer.decode(tiny_tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+    assert len(tiny_tokenizer("<tool_call>", add_special_tokens=False)["input_ids"]) > 1  # the control: not a marker
 
 
 class ForceAt(LogitsProcessor):
