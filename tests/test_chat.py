@@ -431,3 +431,15 @@ def test_a_reply_ends_at_every_stop_id_the_generation_config_lists(tiny_model, p
             assert reply.stopped_by == "stop token" and len(reply.new_ids) == 4 and reply.new_ids[-1] == token
         else:
             assert reply.stopped_by == "max_new_tokens" and reply.new_ids[3] == token
+
+
+def test_the_synthetic_protocol_tokens_and_stop_ids_agree_with_the_published_record():
+    published = json.loads((CHAT_DIR / "published-protocol.json").read_text())
+    assert synthetic.PROTOCOL_TOKENS == published["markers"]
+    assert [published["markers"][token] for token in synthetic.STOP_TOKENS] == published["stop_ids"]
+    for shape in synthetic.SHAPES:
+        assert synthetic.generation_config(synthetic.gemma4_config(shape)).eos_token_id == published["stop_ids"]
+    e4b = synthetic.gemma4_config("e4b-shape")
+    assert e4b.eos_token_id == published["config_eos_token_id"]
+    moved = {**synthetic.PROTOCOL_TOKENS, "<|tool_response>": 53}  # the control: one id off is caught
+    assert moved != published["markers"]
