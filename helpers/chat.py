@@ -408,6 +408,21 @@ def _gemma_arguments_as_json(body: str) -> str:
     return re.sub("\x00(\\d+)\x00", lambda m: json.dumps(strings[int(m.group(1))]), body)
 
 
+def example_forecast(city: str, days: int = 1) -> dict:
+    """A made-up weather forecast: the tool notebook 07 declares, and runs when a model turn calls it.
+
+    Args:
+        city: The city to forecast, e.g. "Paris".
+        days: How many days ahead, from 1 to 7.
+    """
+    if not isinstance(city, str) or not city.strip():
+        raise InvalidChoiceError(f"city={city!r} is not a city name; pass one as text, e.g. city='Paris'.")
+    require_whole_number(days, "days", minimum=1)
+    if days > 7:
+        raise InvalidChoiceError(f"days={days} is more than this forecast covers; pass 1 to 7.")
+    return {"city": city, "days": days, "sky": "sunny (made up by the course)"}
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How the next token is picked. Greedy takes the most likely token: reproducible, the choice for
