@@ -2,9 +2,10 @@
 template, streamed token by token into a notebook widget with a stop button, the history kept.
 
 Gemma 4 speaks in turns: ``<|turn>user\\n ... <turn|>\\n``, the reply opens with ``<|turn>model\\n`` and
-ends with the stop token ``<turn|>`` (``generation_config.eos_token_id`` lists it beside ``<eos>``). With
-``enable_thinking=True`` the template puts ``<|think|>`` in a system turn, and the model writes its
-thought as ``<|channel>thought\\n ... <channel|>`` before the answer; earlier thoughts are not replayed.
+ends with the stop token ``<turn|>`` (``generation_config.eos_token_id`` lists it beside ``<eos>`` and, for a
+turn that calls a tool, ``<|tool_response>``). With ``enable_thinking=True`` the template puts ``<|think|>``
+in a system turn, and the model writes its thought as ``<|channel>thought\\n ... <channel|>`` before the
+answer; earlier thoughts are not replayed.
 """
 
 from __future__ import annotations
@@ -477,7 +478,8 @@ class StopSignal(StoppingCriteria):
 
 
 def stop_token_ids(model_or_generation_config) -> list:
-    """The ids ``generate`` ends a reply on: ``generation_config.eos_token_id`` (for Gemma 4, ``<eos>`` and ``<turn|>``)."""
+    """The ids ``generate`` ends a reply on: ``generation_config.eos_token_id`` (for Gemma 4, ``<eos>``, ``<turn|>``
+    and ``<|tool_response>``)."""
     ids = getattr(model_or_generation_config, "generation_config", model_or_generation_config).eos_token_id
     return list(ids) if isinstance(ids, (list, tuple)) else [ids]
 
