@@ -443,3 +443,31 @@ def test_the_synthetic_protocol_tokens_and_stop_ids_agree_with_the_published_rec
     assert e4b.eos_token_id == published["config_eos_token_id"]
     moved = {**synthetic.PROTOCOL_TOKENS, "<|tool_response>": 53}  # the control: one id off is caught
     assert moved != published["markers"]
+
+
+def test_the_model_itself_emitting_each_published_stop_id_ends_the_reply_and_without_it_the_reply_goes_on(
+        tiny_path, processor):
+    # a tiny copy whose tied output row for the stop id is a boosted copy of a token greedy picks, so the model
+    # chooses the stop id there by itself; the same weights with that id left out of the stop list are the control
+    model = loading.load_model(tiny_path, quant="bf16", ple="cpu", device="cpu")
+    head, stops = model.get_output_embeddings().weight, chat.stop_token_ids(model)
+    assert stops == [synthetic.PROTOCOL_TOKENS[token] for token in synthetic.STOP_TOKENS]
+    free = greedy_chat(model, processor, max_new_tokens=12).ask(QUESTION, display=False).wait().new_ids
+    step = next(i for i, token in enumerate(free) if 0 < i < 6 and token not in free[:i] and token not in stops)
+    for stop in stops:
+        saved = head.data[stop].clone()
+        with torch.no_grad():
+            head.data[stop] = (head.data[free[step]].float() * 1.125).to(head.dtype)
+        try:
+            model.generation_config.eos_token_id = [token for token in stops if token != stop]
+            control = greedy_chat(model, processor, max_new_tokens=12).ask(QUESTION, display=False).wait()
+            assert stop in control.new_ids, f"the boosted row did not make the model emit {stop}"
+            at = control.new_ids.index(stop)
+            assert len(control.new_ids) > at + 1  # not a stop id here: the reply goes on past it
+            model.generation_config.eos_token_id = stops
+            reply = greedy_chat(model, processor, max_new_tokens=12).ask(QUESTION, display=False).wait()
+            assert reply.stopped_by == "stop token" and reply.new_ids == control.new_ids[:at + 1]
+        finally:
+            with torch.no_grad():
+                head.data[stop] = saved
+            model.generation_config.eos_token_id = stops
