@@ -43,52 +43,115 @@ BASE_PIECES = (SPACE_PIECE, "\n", *"abcdefghijklmnopqrstuvwxyz")
 MERGES = (("▁", "t"), ("h", "e"), ("▁t", "he"), ("i", "n"), ("e", "r"), ("o", "n"), ("a", "n"), ("▁", "a"),
           ("r", "e"), ("▁", "w"), ("e", "s"), ("a", "t"), ("o", "r"), ("e", "n"), ("t", "o"), ("▁", "o"),
           ("▁", "i"), ("i", "s"), ("n", "d"), ("▁", "p"))
-# Gemma 4's thinking switch and thought-channel markers, at the first ids the config leaves free
-# (the real tokenizer's ids for these are not in the config, so they are not claimed here).
+# Gemma 4's protocol markers with the ids Google's tokenizer gives them (public copies of its vocabulary agree:
+# see data/chat/published-protocol.json). Every shape keeps them there; tiny's 320 ids then hold its specials,
+# the 256 byte tokens at the ids left free, and only as many merges as still fit.
+PROTOCOL_TOKENS = {"<eos>": 1, "<|tool>": 46, "<tool|>": 47, "<|tool_call>": 48, "<tool_call|>": 49,
+                   "<|tool_response>": 50, "<tool_response|>": 51, '<|"|>': 52, "<|think|>": 98, "<|channel>": 100,
+                   "<channel|>": 101, "<|turn>": 105, "<turn|>": 106}
 CHAT_CONTROL_TOKENS = {"think_token": "<|think|>", "soc_token": "<|channel>", "eoc_token": "<channel|>"}
-# Bumped when the tokenizer or chat template changes: an older build gets new text files at its next use.
-TEXT_FORMAT = 2
+# The published generation_config.json stops at <eos>, <turn|> and <|tool_response>: a model that calls a tool
+# writes "<|tool_call>...<tool_call|><|tool_response>" and waits for the caller to run it.
+STOP_TOKENS = ("<eos>", "<turn|>", "<|tool_response>")
+# Bumped when the tokenizer, chat template or generation config changes: an older build gets new text files
+# at its next use.
+TEXT_FORMAT = 3
 
 # The course's own template in Gemma 4's turn format, written for the synthetic checkpoints (it is not
-# Google's file; notebook 07 shows how to tell templates apart): a system turn that carries "<|think|>"
-# when enable_thinking=True; "<|turn>role ... <turn|>" per message with "assistant" spoken as "model";
-# content as a string or a list of typed parts, with image, audio and video placeholders; earlier model
-# turns replayed without their "<|channel>thought ... <channel|>" part; the generation prompt
-# "<|turn>model\n", which is where E2B/E4B's templates end it (the 31B's adds an empty thought channel).
+# Google's file; tests/test_chat.py checks it against the published versions' recorded renderings):
+# a system turn with "<|think|>" when enable_thinking=True, the first system or developer message and the
+# tools' declarations ("<|tool>declaration:NAME{...}<tool|>", strings quoted as <|"|>); "<|turn>role ...
+# <turn|>" per message with "assistant" spoken as "model", later system messages in place; a model turn's
+# tool calls as "<|tool_call>call:NAME{...}<tool_call|>" followed in the same turn by the tool responses
+# ("<|tool_response>response:NAME{value:...}<tool_response|>"), or by an open "<|tool_response>" while the
+# call waits; a model turn's reasoning replayed only after the last user message; earlier thoughts in a
+# reply's text dropped; the generation prompt "<|turn>model\n", none after a tool response (the model goes
+# on in its turn) except "<|channel>thought\n" when thinking.
 CHAT_TEMPLATE = (
-    "{%- macro text_of(content) -%}"
-    "{%- if content is string -%}{{ content }}"
-    "{%- else -%}{%- for part in content if part['type'] == 'text' -%}{{ part['text'] }}{%- endfor -%}{%- endif -%}"
+    "{%- macro value(v, quote_keys) -%}"
+    "{%- if v is none -%}null{%- elif v is string -%}<|\"|>{{ v }}<|\"|>"
+    "{%- elif v is boolean -%}{{ 'true' if v else 'false' }}"
+    "{%- elif v is mapping -%}{{ '{' }}{%- for k, item in v | dictsort -%}{{ ',' if not loop.first }}"
+    "{{ '<|\"|>' + k + '<|\"|>' if quote_keys else k }}:{{ value(item, quote_keys) }}{%- endfor -%}{{ '}' }}"
+    "{%- elif v is sequence -%}[{%- for item in v -%}{{ ',' if not loop.first }}{{ value(item, quote_keys) }}{%- endfor -%}]"
+    "{%- else -%}{{ v }}{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- macro declaration(f) -%}"
+    "declaration:{{ f['name'] }}{description:<|\"|>{{ f['description'] }}<|\"|>"
+    "{%- set p = f.get('parameters') -%}{%- if p -%},parameters:{{ '{' }}"
+    "{%- if p.get('properties') -%}properties:{{ '{' }}"
+    "{%- for name, prop in p['properties'] | dictsort -%}{{ ',' if not loop.first }}{{ name }}:{{ '{' }}"
+    "{%- if prop.get('description') -%}description:<|\"|>{{ prop['description'] }}<|\"|>,{%- endif -%}"
+    "type:<|\"|>{{ prop['type'] | upper }}<|\"|>}"
+    "{%- endfor -%}},{%- endif -%}"
+    "{%- if p.get('required') -%}required:[{%- for r in p['required'] -%}{{ ',' if not loop.first }}<|\"|>{{ r }}<|\"|>"
+    "{%- endfor -%}],{%- endif -%}"
+    "{%- if p.get('type') -%}type:<|\"|>{{ p['type'] | upper }}<|\"|>}{%- endif -%}"
+    "{%- endif -%}}"
     "{%- endmacro -%}"
     "{%- macro without_thought(text) -%}"
     "{%- set kept = namespace(text='') -%}"
     "{%- for piece in text.split('<channel|>') -%}{%- set kept.text = kept.text + piece.split('<|channel>')[0] -%}{%- endfor -%}"
     "{{ kept.text | trim }}"
     "{%- endmacro -%}"
+    "{%- macro body(content, role) -%}"
+    "{%- if content is string -%}{{ without_thought(content) if role == 'model' else content | trim }}"
+    "{%- elif content is sequence -%}{%- for part in content -%}"
+    "{%- if part['type'] == 'text' -%}{{ without_thought(part['text']) if role == 'model' else part['text'] | trim }}"
+    "{%- elif part['type'] == 'image' -%}<|image|>{%- elif part['type'] == 'audio' -%}<|audio|>"
+    "{%- elif part['type'] == 'video' -%}<|video|>{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{%- endmacro -%}"
     "{{- bos_token -}}"
     "{%- set thinking = enable_thinking is defined and enable_thinking -%}"
-    "{%- set has_system = messages | length > 0 and messages[0]['role'] == 'system' -%}"
-    "{%- if thinking or has_system -%}"
-    "{{- '<|turn>system\\n' -}}"
-    "{%- if thinking -%}{{- '<|think|>\\n' -}}{%- endif -%}"
-    "{%- if has_system -%}{{- text_of(messages[0]['content']) | trim -}}{%- endif -%}"
-    "{{- '<turn|>\\n' -}}"
+    "{%- set first_is_system = messages | length > 0 and messages[0]['role'] in ['system', 'developer'] -%}"
+    "{%- set rest = messages[1:] if first_is_system else messages -%}"
+    "{%- if thinking or tools or first_is_system -%}"
+    "<|turn>system{{ '\\n' }}{{ '<|think|>\\n' if thinking }}"
+    "{%- if first_is_system -%}{{ body(messages[0]['content'], 'system') }}{%- endif -%}"
+    "{%- for tool in tools or [] -%}<|tool>{{ declaration(tool['function'] if 'function' in tool else tool) }}<tool|>{%- endfor -%}"
+    "<turn|>{{ '\\n' }}"
     "{%- endif -%}"
-    "{%- for message in (messages[1:] if has_system else messages) -%}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{- '<|turn>' + role + '\\n' -}}"
-    "{%- if message['content'] is string -%}"
-    "{{- without_thought(message['content']) if role == 'model' else message['content'] | trim -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'text' -%}{{- without_thought(part['text']) if role == 'model' else part['text'] | trim -}}"
-    "{%- elif part['type'] == 'image' -%}{{- '<|image|>' -}}"
-    "{%- elif part['type'] == 'audio' -%}{{- '<|audio|>' -}}"
-    "{%- elif part['type'] == 'video' -%}{{- '<|video|>' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '<turn|>\\n' -}}"
+    "{%- set last_user = namespace(i=-1) -%}"
+    "{%- for m in rest -%}{%- if m['role'] == 'user' -%}{%- set last_user.i = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+    "{%- set state = namespace(last=None, previous_role=None) -%}"
+    "{%- for m in rest -%}{%- if m['role'] != 'tool' -%}"
+    "{%- set here = loop.index0 -%}"
+    "{%- set role = 'model' if m['role'] == 'assistant' else m['role'] -%}"
+    "{%- set state.last = None -%}"
+    "{%- if not (role == 'model' and state.previous_role == 'assistant') -%}<|turn>{{ role }}{{ '\\n' }}{%- endif -%}"
+    "{%- set reasoning = m.get('reasoning') or m.get('reasoning_content') -%}"
+    "{%- if reasoning and here > last_user.i -%}<|channel>thought{{ '\\n' }}{{ reasoning }}{{ '\\n' }}<channel|>{%- endif -%}"
+    "{%- for call in m.get('tool_calls') or [] -%}"
+    "<|tool_call>call:{{ call['function']['name'] }}{{ '{' }}"
+    "{%- for k, v in (call['function']['arguments'] or {}) | dictsort -%}{{ ',' if not loop.first }}"
+    "{{ k }}:{{ value(v, false) }}{%- endfor -%}"
+    "{{ '}' }}<tool_call|>{%- set state.last = 'tool_call' -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}{%- endif -%}"
+    "{%- set answered = namespace(any=false, open=true, next_role=None) -%}"
+    "{%- for later in rest[here + 1:] -%}"
+    "{%- if later['role'] == 'tool' and answered.open and m.get('tool_calls') -%}"
+    "{%- set name = namespace(n=later.get('name') or 'unknown') -%}"
+    "{%- for call in m['tool_calls'] -%}{%- if call.get('id') and call.get('id') == later.get('tool_call_id') -%}"
+    "{%- set name.n = call['function']['name'] -%}{%- endif -%}{%- endfor -%}"
+    "{%- set result = later['content'] if later['content'] is string else body(later['content'], 'tool') -%}"
+    "<|tool_response>response:{{ name.n }}{value:{{ value(result, false) }}}<tool_response|>"
+    "{%- set answered.any = true -%}{%- set state.last = 'tool_response' -%}"
+    "{%- elif later['role'] != 'tool' -%}{%- if answered.next_role is none -%}{%- set answered.next_role = later['role'] -%}{%- endif -%}"
+    "{%- set answered.open = false -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- set said = body(m.get('content') or '', role) -%}{{ said }}"
+    "{%- if state.last == 'tool_call' and not answered.any -%}<|tool_response>"
+    "{%- elif role == 'model' and answered.next_role == 'assistant' and (not m.get('tool_calls') or answered.any) -%}"
+    "{%- elif not (answered.any and not said | trim and answered.next_role is none) -%}<turn|>{{ '\\n' }}"
+    "{%- endif -%}"
+    "{%- set state.previous_role = m['role'] -%}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{%- if state.last not in ['tool_response', 'tool_call'] -%}<|turn>model{{ '\\n' }}"
+    "{%- elif state.last == 'tool_response' and thinking -%}<|channel>thought{{ '\\n' }}{%- endif -%}"
+    "{%- endif -%}"
 )
 
 # The template these checkpoints carried before: turn markers only. It ignores enable_thinking and system
@@ -185,34 +248,52 @@ def _special_token_ids(config) -> dict[str, int]:
     }
 
 
-def _byte_block_start(special_ids, vocab_size: int) -> int:
+def stop_token_ids(config) -> list[int]:
+    """The ids the checkpoint's generation config stops at: ``STOP_TOKENS`` in this vocabulary."""
+    specials = vocabulary(config)[1]
+    return [specials[token] for token in STOP_TOKENS if token in specials]
+
+
+def _byte_ids(special_ids, vocab_size: int) -> list[int]:
+    """256 ids for the byte tokens: the first block of ``BYTE_TOKEN_BLOCK_STARTS`` clear of the specials,
+    else the first 256 free ids (tiny, whose specials are spread over its small vocabulary)."""
+    taken = set(special_ids)
     for start in BYTE_TOKEN_BLOCK_STARTS:
         block = range(start, start + 256)
-        if block.stop <= vocab_size and not any(i in block for i in special_ids):
-            return start
-    raise InvalidChoiceError(
-        f"vocab_size={vocab_size} leaves no room for 256 byte tokens beside the special tokens; use at least 320."
-    )
+        if block.stop <= vocab_size and taken.isdisjoint(block):
+            return list(block)
+    free = [i for i in range(vocab_size) if i not in taken]
+    if len(free) < 256 + len(BASE_PIECES):
+        raise InvalidChoiceError(
+            f"vocab_size={vocab_size} leaves no room for 256 byte tokens and the letters beside the special tokens; "
+            f"use at least 320.")
+    return free[:256]
 
 
 def vocabulary(config) -> tuple[dict[str, int], dict[str, int]]:
-    """(every token -> id, the special tokens -> id): the config's special ids, the chat controls at the
-    first free ids, 256 byte tokens, the pieces and merges, and "<unusedN>" up to ``vocab_size``."""
+    """(every token -> id, the special tokens -> id): the config's special ids, the protocol markers at their
+    published ids (a marker whose id the config gives another token goes to the first free id), 256 byte
+    tokens, the letters, as many merges as fit, and "<unusedN>" up to ``vocab_size``."""
     vocab_size = config.get_text_config().vocab_size
     specials = _special_token_ids(config)
-    free = (i for i in range(vocab_size) if i not in set(specials.values()))
-    specials.update({token: next(free) for token in CHAT_CONTROL_TOKENS.values()})
-    start = _byte_block_start(specials.values(), vocab_size)
+    for token, i in PROTOCOL_TOKENS.items():
+        if token not in specials and i < vocab_size and i not in specials.values():
+            specials[token] = i
+    for token in (t for t in PROTOCOL_TOKENS if t not in specials):
+        specials[token] = next(i for i in range(vocab_size) if i not in specials.values())
     vocab = dict(specials)
-    vocab.update({f"<0x{byte:02X}>": start + byte for byte in range(256)})
-    pieces = [*BASE_PIECES, *("".join(pair) for pair in MERGES)]
+    vocab.update({f"<0x{byte:02X}>": i for byte, i in enumerate(_byte_ids(specials.values(), vocab_size))})
     taken = set(vocab.values())
     free_ids = [i for i in range(vocab_size) if i not in taken]
-    if len(free_ids) < len(pieces):
-        raise InvalidChoiceError(f"vocab_size={vocab_size} is too small for the synthetic tokenizer; use at least 320.")
+    pieces = [*BASE_PIECES, *("".join(pair) for pair in MERGES)][:len(free_ids)]
     vocab.update(zip(pieces, free_ids))
     vocab.update({f"<unused{n}>": i for n, i in enumerate(free_ids[len(pieces):])})
     return vocab, specials
+
+
+def kept_merges(vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """The merges whose result the vocabulary holds (``MERGES`` in order, so each one's parts exist)."""
+    return [pair for pair in MERGES if "".join(pair) in vocab]
 
 
 def build_tokenizer(config):
@@ -222,7 +303,7 @@ def build_tokenizer(config):
     from transformers import PreTrainedTokenizerFast
 
     vocab, specials = vocabulary(config)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES), unk_token="<unk>", byte_fallback=True))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=kept_merges(vocab), unk_token="<unk>", byte_fallback=True))
     backend.normalizer = normalizers.Replace(Regex(" "), SPACE_PIECE)
     backend.decoder = decoders.Sequence([decoders.Replace(SPACE_PIECE, " "), decoders.ByteFallback(), decoders.Fuse()])
     backend.add_special_tokens(list(specials))
@@ -368,6 +449,7 @@ def _refresh_text_files(config, dest: Path) -> None:
     try:
         staging.mkdir()
         full_processor = save_text_and_media_processors(config, build_tokenizer(config), staging)
+        generation_config(config).save_pretrained(staging)
         marker = json.loads((dest / COMPLETE_MARKER).read_text())
         for path in sorted(staging.iterdir()):
             marker["sha256"][path.name] = checksums.sha256(path)
@@ -472,15 +554,22 @@ def _move_into_place(staging: Path, dest: Path) -> None:
 
 def skeleton(config):
     """The model on the meta device, tied, with the course's init overrides by module name."""
-    from transformers import Gemma4ForConditionalGeneration, GenerationConfig
+    from transformers import Gemma4ForConditionalGeneration
 
     with torch.device("meta"):
         model = Gemma4ForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
     model.tie_weights()
-    text = config.get_text_config()
-    model.generation_config = GenerationConfig(
-        bos_token_id=text.bos_token_id, pad_token_id=text.pad_token_id, eos_token_id=config.eos_token_id)
+    model.generation_config = generation_config(config)
     return model
+
+
+def generation_config(config):
+    """The checkpoint's generation config: it stops at every one of ``STOP_TOKENS``, as Google's does."""
+    from transformers import GenerationConfig
+
+    text = config.get_text_config()
+    return GenerationConfig(bos_token_id=text.bos_token_id, pad_token_id=text.pad_token_id,
+                            eos_token_id=stop_token_ids(config))
 
 
 # Each decoder layer adds three unit-RMS vectors (attention, MLP, per-layer input, each through

@@ -4,15 +4,19 @@ plain-string message. Runs on every transformers release of the matrix (make tes
 
 import ast
 import importlib.util
+import json
+import os
 import threading
 
 import pytest
 import torch
 import transformers
 from packaging.version import Version
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from helpers import chat, loading, synthetic
 from helpers.errors import ChatMessageError, CourseError
+from helpers.paths import CHAT_DIR
 
 QUESTION = "Where does the PLE table live?"
 FIRST_ACCEPTING = Version("5.7.0")  # tools/probe_plain_strings.py: 5.6.2 crashes, 5.7.0 accepts
@@ -41,9 +45,14 @@ def ids(tiny_tokenizer):
             "text": lambda text: tiny_tokenizer(text, add_special_tokens=False)["input_ids"]}
 
 
-def test_a_plain_string_content_is_converted_to_the_list_of_typed_parts_the_processor_wants():
-    checked = chat.check_messages([{"role": "user", "content": "Hello"}])
-    assert checked == [user("Hello")]
+def test_a_plain_string_content_is_kept_a_string_because_the_published_templates_render_strings():
+    assert chat.check_messages([{"role": "user", "content": "Hello"}]) == [{"role": "user", "content": "Hello"}]
+    assert chat.check_messages([{"role": "user", "content": "Hello"}], plain_strings="convert") == [user("Hello")]
+
+
+def test_a_system_prompt_in_parts_is_sent_as_one_string_which_aprils_template_would_print_as_python():
+    checked = chat.check_messages([{"role": "system", "content": [{"type": "text", "text": "Be brief."}]}, user("Hi")])
+    assert checked[0]["content"] == "Be brief."
 
 
 def test_a_plain_string_content_is_refused_in_one_sentence_that_names_the_fix_when_asked_to():
@@ -55,7 +64,8 @@ def test_a_plain_string_content_is_refused_in_one_sentence_that_names_the_fix_wh
 
 @pytest.mark.parametrize("messages, names", [
     ([{"role": "bot", "content": "hi"}], "'assistant'"),
-    ([user("hi"), {"role": "system", "content": "late"}], "messages[0]"),
+    ([{"role": "tool", "content": "sunny"}], "right after the model turn"),
+    ([user("hi"), {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}], "json.loads"),
     ([{"role": "user", "content": [{"type": "text"}]}], "'text': '...'"),
     ([{"role": "user", "content": [{"type": "picture", "url": "x"}]}], "'image'"),
     ([{"role": "user", "content": [{"type": "image"}]}], "'path'"),
@@ -309,3 +319,155 @@ def test_the_chat_box_sends_what_the_learner_types_and_streams_each_reply_under_
     box.text.value = "   "  # nothing typed: nothing sent
     box.send.click()
     assert len(session.history) == 4 and len(box.transcript.children) == 4
+
+
+PUBLISHED = json.loads((CHAT_DIR / "published-templates.json").read_text())
+CASES = PUBLISHED["cases"]
+
+
+def render_case(tokenizer, case, chat_template=None):
+    spec = CASES[case]
+    return chat.render(tokenizer, spec["messages"], tools=spec["tools"], enable_thinking=spec["enable_thinking"],
+                       add_generation_prompt=spec["add_generation_prompt"], chat_template=chat_template).text
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_courses_template_renders_each_recorded_case_as_googles_july_template_does(tiny_tokenizer, case):
+    assert render_case(tiny_tokenizer, case) == PUBLISHED["versions"]["july"]["helpers.chat renders"][case]
+
+
+def test_the_recorded_cases_differ_between_versions_so_the_comparison_can_fail():
+    rendered = {name: version["rendered"] for name, version in PUBLISHED["versions"].items()}
+    assert rendered["april"]["system parts"] != rendered["may"]["system parts"] != rendered["may"]["system string"]
+    assert rendered["july"]["after a tool response, thinking on"] != rendered["may"]["after a tool response, thinking on"]
+    for name, version in PUBLISHED["versions"].items():  # helpers.chat sends a string where the raw parts break
+        assert version["helpers.chat renders"]["system parts"] == version["rendered"]["system string"], name
+
+
+@pytest.mark.skipif(not os.environ.get("GEMMA_PUBLISHED_TEMPLATES"),
+                    reason="set GEMMA_PUBLISHED_TEMPLATES to a git directory of ollama/ollama to render the published files")
+@pytest.mark.parametrize("version", sorted(PUBLISHED["versions"]))
+def test_helpers_chat_renders_each_published_version_as_recorded(tiny_tokenizer, version):
+    from tools.record_published_templates import published_template
+
+    record = PUBLISHED["versions"][version]
+    template = published_template(os.environ["GEMMA_PUBLISHED_TEMPLATES"], record["source"]["commit"])
+    for case in CASES:
+        assert render_case(tiny_tokenizer, case, template) == record["helpers.chat renders"][case], case
+
+
+def test_chat_with_a_string_system_prompt_renders_it_as_the_string_not_as_python_text(tiny_model, tiny_tokenizer):
+    prompt = chat.Chat(tiny_model, tiny_tokenizer, system="Be brief.").prompt("Hi")
+    assert "<|turn>system\nBe brief.<turn|>" in prompt.text and "[{" not in prompt.text
+
+
+def test_describe_template_tells_the_course_template_from_the_turns_only_one(tiny_tokenizer):
+    course = chat.describe_template(tiny_tokenizer)
+    older = chat.describe_template(tiny_tokenizer, synthetic.TURNS_ONLY_TEMPLATE)
+    assert course["tools declared"] and not older["tools declared"]
+    assert course["same, thinking on"] == "<|channel>thought\n" != older["same, thinking on"]
+    assert course["system prompt as parts"] == "BRIEF"
+
+
+REPLY = '<|channel>thought\nNeed it.<channel|>Checking.<|tool_call>call:get_weather{city:<|"|>Paris, FR<|"|>,days:2}<tool_call|>'
+CALLED = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris, FR", "days": 2}}}]
+
+
+def test_a_tool_call_is_parsed_by_transformers_own_parse_response_on_this_release(tiny_tokenizer):
+    parsed = chat.parse_reply(tiny_tokenizer, REPLY, "<|turn>model\n")
+    assert parsed["tool_calls"] == CALLED and parsed["thinking"] == "Need it." and parsed["content"] == "Checking."
+    assert parsed["parsed by"].startswith("transformers parse_response")
+    assert "tool_calls" not in chat.parse_reply(tiny_tokenizer, "Checking.", "<|turn>model\n")  # the control
+
+
+def test_without_parse_response_the_courses_regex_parses_the_same_call(tiny_tokenizer, monkeypatch):
+    for klass in type(tiny_tokenizer).__mro__:
+        if "parse_response" in vars(klass):
+            monkeypatch.delattr(klass, "parse_response")
+    parsed = chat.parse_reply(tiny_tokenizer, REPLY)
+    assert parsed["parsed by"].startswith("the course's regex")
+    assert parsed["tool_calls"] == CALLED and parsed["thinking"] == "Need it." and parsed["content"] == "Checking."
+
+
+@pytest.mark.parametrize("shape", list(synthetic.SHAPES))
+def test_every_shape_carries_gemma4s_protocol_tokens_at_the_published_ids_and_stops_at_all_three(shape):
+    config = synthetic.gemma4_config(shape)
+    specials = synthetic.vocabulary(config)[1]
+    assert {token: specials[token] for token in synthetic.PROTOCOL_TOKENS} == synthetic.PROTOCOL_TOKENS
+    stops = [synthetic.PROTOCOL_TOKENS[token] for token in synthetic.STOP_TOKENS]
+    assert synthetic.stop_token_ids(config) == stops and synthetic.generation_config(config).eos_token_id == stops
+
+
+def test_tinys_tokenizer_reads_a_tool_call_marker_as_one_token_and_still_spells_any_text(tiny_tokenizer):
+    ids = tiny_tokenizer("<|tool_call>call:f{}<tool_call|>", add_special_tokens=False)["input_ids"]
+    assert ids[0] == synthetic.PROTOCOL_TOKENS["<|tool_call>"] and ids[-1] == synthetic.PROTOCOL_TOKENS["<tool_call|>"]
+    text = "Grüße, 世界! <tool_call> is plain text"
+    assert tiny_tokenizer.decode(tiny_tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+    assert len(tiny_tokenizer("<tool_call>", add_special_tokens=False)["input_ids"]) > 1  # the control: not a marker
+
+
+class ForceAt(LogitsProcessor):
+    """Makes ``token`` the only choice at new-token ``step``: a reply that must end there if ``token`` stops it."""
+
+    def __init__(self, token, step, prompt_length):
+        self.token, self.step, self.prompt_length = token, step, prompt_length
+
+    def __call__(self, input_ids, scores):
+        if input_ids.shape[1] - self.prompt_length == self.step:
+            scores[:] = -float("inf")
+            scores[:, self.token] = 0
+        return scores
+
+
+def test_a_reply_ends_at_every_stop_id_the_generation_config_lists(tiny_model, processor, monkeypatch):
+    stops = chat.stop_token_ids(tiny_model)
+    assert stops == synthetic.stop_token_ids(synthetic.gemma4_config("tiny"))
+    prompt_length = len(chat.render(processor, [{"role": "user", "content": QUESTION}]).ids)
+    for token in [*stops, synthetic.vocabulary(synthetic.gemma4_config("tiny"))[1]["<|think|>"]]:  # the last: a control
+        monkeypatch.setattr(chat.Sampling, "generate_kwargs", lambda self, token=token: {
+            "do_sample": False, "logits_processor": LogitsProcessorList([ForceAt(token, 3, prompt_length)])})
+        reply = chat.Chat(tiny_model, processor, max_new_tokens=8).ask(QUESTION, display=False).wait()
+        if token in stops:
+            assert reply.stopped_by == "stop token" and len(reply.new_ids) == 4 and reply.new_ids[-1] == token
+        else:
+            assert reply.stopped_by == "max_new_tokens" and reply.new_ids[3] == token
+
+
+def test_the_synthetic_protocol_tokens_and_stop_ids_agree_with_the_published_record():
+    published = json.loads((CHAT_DIR / "published-protocol.json").read_text())
+    assert synthetic.PROTOCOL_TOKENS == published["markers"]
+    assert [published["markers"][token] for token in synthetic.STOP_TOKENS] == published["stop_ids"]
+    for shape in synthetic.SHAPES:
+        assert synthetic.generation_config(synthetic.gemma4_config(shape)).eos_token_id == published["stop_ids"]
+    e4b = synthetic.gemma4_config("e4b-shape")
+    assert e4b.eos_token_id == published["config_eos_token_id"]
+    moved = {**synthetic.PROTOCOL_TOKENS, "<|tool_response>": 53}  # the control: one id off is caught
+    assert moved != published["markers"]
+
+
+def test_the_model_itself_emitting_each_published_stop_id_ends_the_reply_and_without_it_the_reply_goes_on(
+        tiny_path, processor):
+    # a tiny copy whose tied output row for the stop id is a boosted copy of a token greedy picks, so the model
+    # chooses the stop id there by itself; the same weights with that id left out of the stop list are the control
+    model = loading.load_model(tiny_path, quant="bf16", ple="cpu", device="cpu")
+    head, stops = model.get_output_embeddings().weight, chat.stop_token_ids(model)
+    assert stops == [synthetic.PROTOCOL_TOKENS[token] for token in synthetic.STOP_TOKENS]
+    free = greedy_chat(model, processor, max_new_tokens=12).ask(QUESTION, display=False).wait().new_ids
+    step = next(i for i, token in enumerate(free) if 0 < i < 6 and token not in free[:i] and token not in stops)
+    for stop in stops:
+        saved = head.data[stop].clone()
+        with torch.no_grad():
+            head.data[stop] = (head.data[free[step]].float() * 1.125).to(head.dtype)
+        try:
+            model.generation_config.eos_token_id = [token for token in stops if token != stop]
+            control = greedy_chat(model, processor, max_new_tokens=12).ask(QUESTION, display=False).wait()
+            assert stop in control.new_ids, f"the boosted row did not make the model emit {stop}"
+            at = control.new_ids.index(stop)
+            assert len(control.new_ids) > at + 1  # not a stop id here: the reply goes on past it
+            model.generation_config.eos_token_id = stops
+            reply = greedy_chat(model, processor, max_new_tokens=12).ask(QUESTION, display=False).wait()
+            assert reply.stopped_by == "stop token" and reply.new_ids == control.new_ids[:at + 1]
+        finally:
+            with torch.no_grad():
+                head.data[stop] = saved
+            model.generation_config.eos_token_id = stops

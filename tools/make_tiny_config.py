@@ -17,8 +17,9 @@ from helpers.paths import CONFIG_DIR  # noqa: E402
 e4b = json.loads((CONFIG_DIR / "gemma-4-E4B-it.config.json").read_text())
 t = json.loads(json.dumps(e4b))
 t.pop("transformers_version", None)
-# token ids: keep every special token inside a 320-entry vocab
-ids = dict(pad=0, eos=1, bos=2, unk=3, sot=4, eot=5, boi=6, boa=7, image=8, audio=9, eoi=10, eoa=11, video=12)
+# token ids: every special token inside a 320-entry vocab; the turn markers at Gemma 4's published ids
+# (helpers.synthetic.PROTOCOL_TOKENS), so that tiny stops where the real model does
+ids = dict(pad=0, eos=1, bos=2, unk=3, sot=105, eot=106, boi=6, boa=7, image=8, audio=9, eoi=10, eoa=11, video=12)
 t.update(image_token_id=ids["image"], boi_token_id=ids["boi"], eoi_token_id=ids["eoi"], audio_token_id=ids["audio"],
          boa_token_id=ids["boa"], eoa_token_id=ids["eoa"], eoa_token_index=ids["eoa"], video_token_id=ids["video"],
          eos_token_id=[ids["eos"], ids["eot"]], vision_soft_tokens_per_image=70)
