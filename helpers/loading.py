@@ -277,6 +277,9 @@ def load_model(
         if ple == "cpu":
             for name in placement.require_ple(model):
                 placement.install_cpu_lookup(model.get_submodule(name), target)
+        if towers == "cpu":
+            for name in placement.tower_module_names(model):
+                placement.install_cpu_tower(model.get_submodule(name), target)
         if head != "tied":
             placement.install_output_head(model, head, target)
     except BaseException as error:  # out of memory, a hook's or the quantizer's error, a learner's interrupt

@@ -331,6 +331,35 @@ def offload_ple(model, compute_device=None, *, release_cached: bool = False):
     return model
 
 
+def install_cpu_tower(module, compute_device) -> None:
+    """Keep a tower in host memory and run it there when a picture or a sound arrives: its inputs go to the CPU and
+    its outputs come back to ``compute_device``. accelerate's offload hooks come off first (they would copy the whole
+    tower to the GPU at every call); a text conversation never calls the tower at all."""
+    from accelerate.hooks import remove_hook_from_module
+    from accelerate.utils import send_to_device
+
+    remove_hook_from_module(module, recurse=True)
+    module.to("cpu")
+    compute_device = torch.device(compute_device)
+
+    def inputs_to_cpu(_, args, kwargs):
+        return send_to_device(args, "cpu"), send_to_device(kwargs, "cpu")
+
+    def outputs_to_compute_device(_, args, kwargs, output):
+        return send_to_device(output, compute_device)
+
+    module.register_forward_pre_hook(inputs_to_cpu, with_kwargs=True)
+    module.register_forward_hook(outputs_to_compute_device, with_kwargs=True)
+    module._tower_compute_device = compute_device
+    for part in module.modules():
+        part._in_cpu_tower = True
+
+
+def runs_on_cpu(module) -> bool:
+    """True for a module the course serves from host memory: a table's CPU lookup or a tower run on the CPU."""
+    return has_cpu_lookup(module) or getattr(module, "_tower_compute_device", None) is not None
+
+
 def install_output_head(model, head: str, compute_device) -> None:
     """Untie the output head from the token table: the table is looked up on the CPU (the rows it gathers are exact)
     and ``lm_head`` becomes a head of its own on ``compute_device``, copied from the table in bf16 (the same logits)
@@ -388,6 +417,8 @@ def _where(module, tensor_name: str, tensor: torch.Tensor) -> str:
         return f"cpu (offload hook: copied to {hook.execution_device} at every forward)"
     if has_cpu_lookup(module) and tensor_name == "weight":
         return f"cpu (lookup on cpu, rows to {module._ple_compute_device})"
+    if tensor.device.type == "cpu" and getattr(module, "_in_cpu_tower", False):
+        return "cpu (run there when a picture or sound arrives)"
     return str(tensor.device)
 
 

@@ -3,9 +3,11 @@ own on the GPU. The bf16 head is exact (its control, one ulp off, is not); a qua
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 
-from helpers import loading, placement, synthetic, weights
-from helpers.errors import InvalidChoiceError
+from helpers import decoding, loading, measure, placement, synthetic, weights
+from helpers.errors import InvalidChoiceError, TunedDecodeError
 from helpers.weights import GPU_HEADROOM_BYTES, HEAD_BYTES_PER_WEIGHT
 
 
@@ -98,3 +100,27 @@ def test_e4b_text_only_with_an_nf4_head_is_predicted_to_fit_a_4_gb_card_and_the_
 def test_a_wrong_towers_or_head_is_refused_in_one_sentence_before_loading(tiny_path, arguments):
     with pytest.raises(InvalidChoiceError):
         loading.load_model(tiny_path, "nf4", "cpu", device="cpu", **arguments)
+
+
+needs_ple_outside = pytest.mark.skipif(Version(transformers.__version__) < Version("5.17.0"),
+                                       reason="this transformers takes no per_layer_inputs (tests/test_decoding.py)")
+
+
+@needs_ple_outside
+@pytest.mark.parametrize("compile_mode", [None, "cudagraphs"], ids=["loop", "graph-buffers"])
+def test_the_tuned_decode_runs_with_the_towers_and_table_on_the_cpu_and_gives_generates_logits(tiny_path, compile_mode):
+    model = loading.load_model(tiny_path, "nf4", "cpu", device="cpu", towers="cpu", head="bf16")
+    ids = measure.prompt_ids(loading.load_tokenizer(tiny_path), 32, "cpu")
+    with measure.math_attention():
+        expected = decoding.plain_greedy(model, ids, 16, static_cache=True, keep_logits=True)
+        run = decoding.TunedGreedy(model, decoding.Decoder(compile=compile_mode)).greedy(ids, 16, keep_logits=True)
+    assert len(set(expected.tokens)) > 8
+    assert run.tokens == expected.tokens
+    assert measure.compare_logits(expected.logits, run.logits)["identical"]
+
+
+def test_a_captured_decode_refuses_an_int8_head_before_it_runs(tiny_path):
+    model = loading.load_model(tiny_path, "nf4", "cpu", device="cpu", head="int8")
+    with pytest.raises(TunedDecodeError, match="head='nf4'"):
+        decoding.TunedGreedy(model, decoding.Decoder(compile="cudagraphs"))
+    decoding.TunedGreedy(model, decoding.Decoder(compile=None, ple_outside=False))  # the eager loop can run it
