@@ -282,6 +282,7 @@ def load_model(
                 placement.install_cpu_tower(model.get_submodule(name), target)
         if head != "tied":
             placement.install_output_head(model, head, target)
+        placement.served_from_host_last(model)
     except BaseException as error:  # out of memory, a hook's or the quantizer's error, a learner's interrupt
         model = None
         give_back_failed_load(error)

@@ -290,11 +290,25 @@ def has_cpu_lookup(module) -> bool:
 
 
 def compute_device_of(model) -> torch.device:
-    """Where the decoder layers run (the first parameter that is not the PLE table)."""
+    """Where the decoder layers run (the first parameter that is not the PLE table or another module the course
+    serves from host memory)."""
+    served = [name for name, module in model.named_modules() if runs_on_cpu(module)]
     for name, param in model.named_parameters():
-        if PLE_SUFFIX not in name and param.device.type != "meta":
-            return param.device
+        if PLE_SUFFIX in name or param.device.type == "meta" or any(name.startswith(s + ".") for s in served):
+            continue
+        return param.device
     return torch.device("cpu")
+
+
+def served_from_host_last(model) -> None:
+    """Move the modules the course serves from host memory to the end of their parents' children. transformers'
+    ``model.device`` is the first parameter's device, and ``generate`` moves its inputs there: with the vision tower
+    (registered first) or the token table on the CPU, that would be the CPU."""
+    for name, module in list(model.named_modules()):
+        if name and runs_on_cpu(module):
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            parent._modules[child] = parent._modules.pop(child)  # a dict keeps the order things are put in
 
 
 class ReservedMemoryNotice(UserWarning):

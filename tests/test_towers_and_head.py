@@ -67,6 +67,17 @@ def test_an_untied_bf16_head_gives_the_tied_models_logits_bit_for_bit(tiny_path,
         assert not torch.equal(model(prompt).logits, tied_logits)
 
 
+def test_the_models_first_parameter_is_not_one_served_from_host_memory_so_generate_keeps_its_inputs_on_the_gpu(tiny_path):
+    # transformers' model.device is the first parameter's device, and generate moves its inputs there
+    model = loading.load_model(tiny_path, "nf4", "cpu", device="cpu", towers="cpu", head="bf16")
+    served = [name for name, module in model.named_modules() if placement.runs_on_cpu(module)]
+    assert {"model.vision_tower", "model.language_model.embed_tokens"} <= set(served)
+    first = next(name for name, _ in model.named_parameters())
+    assert not any(first.startswith(name + ".") for name in served), first
+    plain = loading.load_model(tiny_path, "nf4", "cpu", device="cpu")  # the control: loaded as it comes
+    assert next(name for name, _ in plain.named_parameters()).startswith("model.vision_tower.")
+
+
 @pytest.mark.parametrize("head", ["int8", "nf4"])
 def test_a_quantized_head_is_smaller_and_its_logits_are_not_identical(tiny_path, prompt, tied_logits, head):
     model = loading.load_model(tiny_path, "nf4", "cpu", device="cpu", towers="cpu", head=head)
