@@ -127,12 +127,13 @@ def check_single_device(model) -> torch.device:
                           f"in at every forward): removing the hooks would break it; load with "
                           f"loading.load_model(..., ple='cpu'), which keeps every other weight on the GPU.")
     tables = set(placement.ple_module_names(model))
+    served = [name for name, module in model.named_modules() if placement.runs_on_cpu(module)]
     devices, table_devices = set(), {}
     for name, param in model.named_parameters():
         module = name.rsplit(".", 1)[0]
         if module in tables:
             table_devices[module] = param.device
-        else:
+        elif not any(module == s or module.startswith(s + ".") for s in served):
             devices.add(param.device)
     if len(devices) != 1:
         raise TunedDecodeError(f"The model's weights are spread over {sorted(map(str, devices))}: the hooks move them at "
@@ -356,6 +357,11 @@ class TunedGreedy:
         if not isinstance(settings, Decoder):
             raise InvalidChoiceError(f"settings={settings!r} is not a Decoder; pass decoding.Decoder(...).")
         settings.check_quant(quant_of(model))
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if settings.compile is not None and head is not None and quant_of(head) == "int8":
+            raise TunedDecodeError(f"Decoder(compile={settings.compile!r}) cannot run an int8 output head: bitsandbytes "
+                                   f"decides on the host at every step which columns are outliers; load with "
+                                   f"head='nf4' or head='bf16', or pass Decoder(compile=None).")
         if settings.ple_outside and not supports_ple_outside(model):
             import transformers
 

@@ -105,7 +105,8 @@ class LoadVerdict:
         return f"{head}: it loads." if self.loads else f"{head}: it does not load; use {self.fix}."
 
 
-def load_verdict(estimate: WeightEstimate, device: torch.device, quant: Quant, ple: Placement) -> LoadVerdict:
+def load_verdict(estimate: WeightEstimate, device: torch.device, quant: Quant, ple: Placement, towers: str = "gpu",
+                 head: str = "tied") -> LoadVerdict:
     if device.type != "cuda":
         return LoadVerdict(True, quant, ple, str(device), estimate.gpu_bytes, None)
     budget = cards.budget_bytes(device)
@@ -115,22 +116,25 @@ def load_verdict(estimate: WeightEstimate, device: torch.device, quant: Quant, p
         hints.append("ple='cpu'")
     if quant in ("bf16", "int8"):
         hints.append("quant='nf4'")
+    if not hints and (towers, head) != ("cpu", "nf4"):
+        hints.append("towers='cpu', head='nf4'")
     return LoadVerdict(needed <= budget, quant, ple, str(device), needed, budget, " or ".join(hints) or "a larger GPU")
 
 
 def will_load(source: Source = None, quant: Quant = "nf4", ple: Placement = "cpu", device: Device | None = None, *,
-              keep_bf16=(), double_quant: bool = False) -> LoadVerdict:
-    """Ask before loading: do this checkpoint's weights, with this quantization and PLE placement,
+              keep_bf16=(), double_quant: bool = False, towers: str = "gpu", head: str = "tied") -> LoadVerdict:
+    """Ask before loading: do this checkpoint's weights, with this quantization, PLE placement, towers and head,
     fit what this GPU (or simulated card) has free right now? Reads only the config."""
     require_choice(quant, QUANTS, "quant")
     require_choice(ple, PLACEMENTS, "ple")
     target = compute_device(default_device() if device is None else device)
-    estimate = weight_bytes(meta_model(models.load_config(source)), quant, ple, keep_bf16, double_quant)
-    return load_verdict(estimate, target, quant, ple)
+    estimate = weight_bytes(meta_model(models.load_config(source)), quant, ple, keep_bf16, double_quant, towers, head)
+    return load_verdict(estimate, target, quant, ple, towers, head)
 
 
-def check_fits(estimate: WeightEstimate, device: torch.device, quant: Quant, ple: Placement) -> None:
-    verdict = load_verdict(estimate, device, quant, ple)
+def check_fits(estimate: WeightEstimate, device: torch.device, quant: Quant, ple: Placement, towers: str = "gpu",
+               head: str = "tied") -> None:
+    verdict = load_verdict(estimate, device, quant, ple, towers, head)
     if not verdict.loads:
         raise InsufficientGPUMemoryError(str(verdict))
 
@@ -207,6 +211,8 @@ def load_model(
     double_quant: bool = False,
     device_map: dict | None = None,
     check_memory: bool = True,
+    towers: str = "gpu",
+    head: str = "tied",
     **from_pretrained_kwargs,
 ):
     """Load a Gemma 4 checkpoint for this course.
@@ -217,6 +223,10 @@ def load_model(
     ``keep_bf16``, ``compute_dtype``, ``double_quant``: see ``quantization.quantization_config``;
     ``compute_dtype=None`` picks bf16, or fp16 on a GPU without native bf16 (a T4), and says so.
     ``device_map``: your own map instead of the course's (checked: every key must match a module).
+    ``towers="cpu"``: the vision and audio towers wait in host memory while the conversation is text (identical text
+    logits). ``head``: ``"tied"`` keeps the token table as the output head; ``"bf16"`` looks the table up on the CPU
+    and keeps a bf16 head on the GPU (identical logits); ``"int8"`` or ``"nf4"`` quantize that head (smaller, not
+    identical).
     """
     check_transformers()
     require_choice(quant, QUANTS, "quant")
@@ -226,6 +236,11 @@ def load_model(
     require_compute_dtype(compute_dtype)
     require_bool(double_quant, "double_quant")
     require_bool(check_memory, "check_memory")
+    require_choice(towers, placement.TOWERS, "towers")
+    require_choice(head, placement.HEADS, "head")
+    if device_map is not None and (towers != "gpu" or head != "tied"):
+        raise InvalidChoiceError("towers= and head= place modules through the course's device map: leave device_map "
+                                 "out, or put those modules in your own map yourself.")
     if device_map is not None:
         placement.check_map_devices(device_map)
     require_bitsandbytes(quant)
@@ -235,11 +250,7 @@ def load_model(
     if ple == "cpu":
         placement.require_ple(skeleton)
     if device_map is None:
-        device_map = (
-            placement.ple_device_map(skeleton, _map_value(target))
-            if ple == "cpu"
-            else {"": _map_value(target)}
-        )
+        device_map = course_device_map(skeleton, _map_value(target), ple, towers, head)
     else:
         placement.validate_device_map(skeleton, device_map)
     cpu_entries = target.type == "cuda" and "cpu" in set(device_map.values())
@@ -250,7 +261,8 @@ def load_model(
                           f"(bnb_4bit_compute_dtype=torch.float16); pass compute_dtype to choose.", ComputeDtypeNotice,
                           stacklevel=2)
     if check_memory:
-        check_fits(weight_bytes(skeleton, quant, ple, keep_bf16, double_quant), target, quant, ple)
+        check_fits(weight_bytes(skeleton, quant, ple, keep_bf16, double_quant, towers, head), target, quant, ple,
+                   towers, head)
     del skeleton
     kwargs = dict(dtype=torch.bfloat16, device_map=device_map)
     quant_config = quantization_config(quant, cpu_entries=cpu_entries, keep_bf16=keep_bf16,
@@ -265,6 +277,12 @@ def load_model(
         if ple == "cpu":
             for name in placement.require_ple(model):
                 placement.install_cpu_lookup(model.get_submodule(name), target)
+        if towers == "cpu":
+            for name in placement.tower_module_names(model):
+                placement.install_cpu_tower(model.get_submodule(name), target)
+        if head != "tied":
+            placement.install_output_head(model, head, target)
+        placement.served_from_host_last(model)
     except BaseException as error:  # out of memory, a hook's or the quantizer's error, a learner's interrupt
         model = None
         give_back_failed_load(error)
@@ -275,6 +293,19 @@ def load_model(
             ) from None
         raise
     return model
+
+
+def course_device_map(skeleton, compute, ple: str, towers: str = "gpu", head: str = "tied") -> dict:
+    """The course's map: everything on ``compute`` but the PLE table (``ple="cpu"``), the towers (``towers="cpu"``)
+    and, for an untied head, the token table with the checkpoint's tied ``lm_head`` (replaced after loading)."""
+    elsewhere = {}
+    if ple == "cpu":
+        elsewhere.update(dict.fromkeys(placement.require_ple(skeleton), "cpu"))
+    if towers == "cpu":
+        elsewhere.update(dict.fromkeys(placement.tower_module_names(skeleton), "cpu"))
+    if head != "tied":
+        elsewhere.update(dict.fromkeys(placement.token_table_names(skeleton) + ["lm_head"], "cpu"))
+    return placement.split_device_map(skeleton, compute, elsewhere) if elsewhere else {"": compute}
 
 
 def give_back_failed_load(error: BaseException) -> None:

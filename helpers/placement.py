@@ -17,13 +17,27 @@ from typing import Literal
 
 import torch
 
-from .errors import CudaUnavailableError, DeviceMapKeyError, InvalidChoiceError, NoPLETableError, require_bool
+from .errors import (
+    CudaUnavailableError,
+    DeviceMapKeyError,
+    InvalidChoiceError,
+    NoPLETableError,
+    require_bool,
+    require_choice,
+)
 from .noise import ABSENT_DEVICE, silenced
 
 PLE_SUFFIX = "embed_tokens_per_layer"
 PEFT_PREFIX = "base_model.model."
 PLACEMENTS = ("gpu", "cpu")  # where the PLE table lives
 Placement = Literal["gpu", "cpu"]
+# the image and audio encoders and their projections into the text model: a text conversation never calls them
+TOWER_SUFFIXES = ("vision_tower", "audio_tower", "embed_vision", "embed_audio")
+TOWERS = ("gpu", "cpu")  # where they live
+TOKEN_TABLE_SUFFIX = "embed_tokens"  # the token embedding, which the checkpoint ties to lm_head
+# "tied": the token table is also the output head, where the model runs. Otherwise the table is looked up on the
+# CPU (exact, like the PLE) and the GPU keeps an output head of its own in that precision.
+HEADS = ("tied", "bf16", "int8", "nf4")
 
 
 # ---------------------------------------------------------------- checking arguments
@@ -86,6 +100,16 @@ def modules_named(model, suffix: str) -> list[str]:
 def ple_module_names(model) -> list[str]:
     """Names of the PLE tables, found by suffix so PEFT wrappers and other prefixes still match."""
     return modules_named(model, PLE_SUFFIX)
+
+
+def tower_module_names(model) -> list[str]:
+    """The vision and audio towers and their projections, by suffix (a text-only checkpoint has none)."""
+    return [name for suffix in TOWER_SUFFIXES for name in modules_named(model, suffix)]
+
+
+def token_table_names(model) -> list[str]:
+    """The token embedding(s) of the text model, by suffix: ``...language_model.embed_tokens``."""
+    return modules_named(model, TOKEN_TABLE_SUFFIX)
 
 
 def require_ple(model) -> list[str]:
@@ -171,10 +195,16 @@ def ple_device_map(model, compute_device, ple_device="cpu") -> dict:
     parameter is covered and nothing else moves.
     """
     require_model(model)
-    targets = require_ple(model)
+    return split_device_map(model, compute_device, dict.fromkeys(require_ple(model), ple_device))
+
+
+def split_device_map(model, compute_device, elsewhere: dict) -> dict:
+    """A per-module map that puts each module named in ``elsewhere`` on its device and every other part on
+    ``compute_device``, naming the siblings along each path so that every parameter is covered, with no ``""`` key."""
+    require_model(model)
     device_map: dict = {}
     covered_paths = set()
-    for target in targets:
+    for target in elsewhere:
         parts = target.split(".")
         for depth in range(len(parts)):
             parent_name = ".".join(parts[:depth])
@@ -190,8 +220,8 @@ def ple_device_map(model, compute_device, ple_device="cpu") -> dict:
             ):
                 full = f"{parent_name}.{tensor_name}" if parent_name else tensor_name
                 device_map.setdefault(full, compute_device)
-        device_map[target] = ple_device
-    for path in covered_paths:  # a parent on some PLE's path is not a leaf of the map
+    device_map.update(elsewhere)
+    for path in covered_paths:  # a parent on some target's path is not a leaf of the map
         device_map.pop(path, None)
     return device_map
 
@@ -260,11 +290,25 @@ def has_cpu_lookup(module) -> bool:
 
 
 def compute_device_of(model) -> torch.device:
-    """Where the decoder layers run (the first parameter that is not the PLE table)."""
+    """Where the decoder layers run (the first parameter that is not the PLE table or another module the course
+    serves from host memory)."""
+    served = [name for name, module in model.named_modules() if runs_on_cpu(module)]
     for name, param in model.named_parameters():
-        if PLE_SUFFIX not in name and param.device.type != "meta":
-            return param.device
+        if PLE_SUFFIX in name or param.device.type == "meta" or any(name.startswith(s + ".") for s in served):
+            continue
+        return param.device
     return torch.device("cpu")
+
+
+def served_from_host_last(model) -> None:
+    """Move the modules the course serves from host memory to the end of their parents' children. transformers'
+    ``model.device`` is the first parameter's device, and ``generate`` moves its inputs there: with the vision tower
+    (registered first) or the token table on the CPU, that would be the CPU."""
+    for name, module in list(model.named_modules()):
+        if name and runs_on_cpu(module):
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            parent._modules[child] = parent._modules.pop(child)  # a dict keeps the order things are put in
 
 
 class ReservedMemoryNotice(UserWarning):
@@ -301,6 +345,73 @@ def offload_ple(model, compute_device=None, *, release_cached: bool = False):
     return model
 
 
+def install_cpu_tower(module, compute_device) -> None:
+    """Keep a tower in host memory and run it there when a picture or a sound arrives: its inputs go to the CPU and
+    its outputs come back to ``compute_device``. accelerate's offload hooks come off first (they would copy the whole
+    tower to the GPU at every call); a text conversation never calls the tower at all."""
+    from accelerate.hooks import remove_hook_from_module
+    from accelerate.utils import send_to_device
+
+    remove_hook_from_module(module, recurse=True)
+    module.to("cpu")
+    compute_device = torch.device(compute_device)
+
+    def inputs_to_cpu(_, args, kwargs):
+        return send_to_device(args, "cpu"), send_to_device(kwargs, "cpu")
+
+    def outputs_to_compute_device(_, args, kwargs, output):
+        return send_to_device(output, compute_device)
+
+    module.register_forward_pre_hook(inputs_to_cpu, with_kwargs=True)
+    module.register_forward_hook(outputs_to_compute_device, with_kwargs=True)
+    module._tower_compute_device = compute_device
+    for part in module.modules():
+        part._in_cpu_tower = True
+
+
+def runs_on_cpu(module) -> bool:
+    """True for a module the course serves from host memory: a table's CPU lookup or a tower run on the CPU."""
+    return has_cpu_lookup(module) or getattr(module, "_tower_compute_device", None) is not None
+
+
+def install_output_head(model, head: str, compute_device) -> None:
+    """Untie the output head from the token table: the table is looked up on the CPU (the rows it gathers are exact)
+    and ``lm_head`` becomes a head of its own on ``compute_device``, copied from the table in bf16 (the same logits)
+    or quantized by bitsandbytes to ``int8`` or ``nf4`` (a quarter to a half of the bytes, not the same logits)."""
+    require_model(model)
+    require_choice(head, HEADS[1:], "head")
+    compute_device = torch.device(compute_device)
+    tables = token_table_names(model)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if len(tables) != 1 or output is None:
+        raise InvalidChoiceError(f"head={head!r} unties a single token table from its output head, and "
+                                 f"{type(model).__name__} has {len(tables)} table(s): load it with head='tied'.")
+    table = model.get_submodule(tables[0])
+    install_cpu_lookup(table, compute_device)
+    weight = table.weight.detach()
+    model.set_output_embeddings(output_head(weight, head, compute_device))
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        config.tie_word_embeddings = False  # a later tie_weights() must not put the table back on the GPU
+
+
+def output_head(weight: torch.Tensor, head: str, device: torch.device) -> torch.nn.Module:
+    """A bias-free linear head holding ``weight`` (vocabulary x hidden) on ``device`` in bf16, int8 or NF4."""
+    vocab, hidden = weight.shape
+    if head == "bf16":
+        layer = torch.nn.Linear(hidden, vocab, bias=False, device="meta", dtype=weight.dtype)
+        layer.weight = torch.nn.Parameter(weight.to(device, copy=True), requires_grad=False)
+        return layer
+    import bitsandbytes as bnb
+
+    if head == "int8":
+        layer = bnb.nn.Linear8bitLt(hidden, vocab, bias=False, has_fp16_weights=False, device="meta")
+        layer.weight = bnb.nn.Int8Params(weight.clone(), requires_grad=False, has_fp16_weights=False)
+    else:
+        layer = bnb.nn.Linear4bit(hidden, vocab, bias=False, compute_dtype=weight.dtype, quant_type="nf4", device="meta")
+        layer.weight = bnb.nn.Params4bit(weight.clone(), requires_grad=False, quant_type="nf4")
+    return layer.to(device)  # bitsandbytes quantizes as the weight moves
+
+
 # ---------------------------------------------------------------- reports
 
 def part_of(name: str) -> str:
@@ -320,6 +431,8 @@ def _where(module, tensor_name: str, tensor: torch.Tensor) -> str:
         return f"cpu (offload hook: copied to {hook.execution_device} at every forward)"
     if has_cpu_lookup(module) and tensor_name == "weight":
         return f"cpu (lookup on cpu, rows to {module._ple_compute_device})"
+    if tensor.device.type == "cpu" and getattr(module, "_in_cpu_tower", False):
+        return "cpu (run there when a picture or sound arrives)"
     return str(tensor.device)
 
 

@@ -239,7 +239,8 @@ class MemoryEstimate:
 
 def predict(config, quant: str = "nf4", ple: str = "cpu", context: int = 8500, keep_bf16=(), *,
             double_quant: bool = False, all_logits: bool = False, calibration: dict | None = None,
-            prefill_chunk: int | None = None, path: str = "plain") -> MemoryEstimate:
+            prefill_chunk: int | None = None, path: str = "plain", towers: str = "gpu",
+            head: str = "tied") -> MemoryEstimate:
     """Predict resident and peak GPU memory without loading weights.
 
     ``config``: a config object, a synthetic name ("e4b-shape"), a folder or a hub id.
@@ -247,7 +248,8 @@ def predict(config, quant: str = "nf4", ple: str = "cpu", context: int = 8500, k
     ``all_logits``: the prefill is a plain forward that keeps logits for every position
     (``generate`` keeps only the last one).
     ``prefill_chunk``: the prefill runs in chunks of this many tokens (``generate(prefill_chunk_size=...)``);
-    ``path``: ``"plain"`` (generate's own cache and attention) or ``"tuned"`` (``long_context.LongContext``)."""
+    ``path``: ``"plain"`` (generate's own cache and attention) or ``"tuned"`` (``long_context.LongContext``).
+    ``towers``, ``head``: as in ``loading.load_model`` (the towers and the token table off the GPU)."""
     require_choice(quant, QUANTS, "quant")
     require_choice(path, PATHS, "path")
     if path == "tuned" and prefill_chunk is None:
@@ -262,9 +264,10 @@ def predict(config, quant: str = "nf4", ple: str = "cpu", context: int = 8500, k
     config = load_config(config)
     context = require_context(config, context)
     if label is not None:  # names are stable: build each meta model once per process
-        weights = _named_weight_bytes(label, quant, ple, tuple(keep_bf16), double_quant)
+        weights = _named_weight_bytes(label, quant, ple, tuple(keep_bf16), double_quant, towers, head)
     else:
-        weights = weight_bytes(meta_model(config), quant=quant, ple=ple, keep_bf16=keep_bf16, double_quant=double_quant)
+        weights = weight_bytes(meta_model(config), quant=quant, ple=ple, keep_bf16=keep_bf16, double_quant=double_quant,
+                               towers=towers, head=head)
     profile = activation_profile(config, quant, calibration)
     by_part = weights.by_course_part()
     terms = {f"weights: {part}": size for part, size in sorted(by_part.items(), key=lambda kv: -kv[1])}
@@ -291,8 +294,10 @@ def require_context(config, context) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _named_weight_bytes(name: str, quant: str, ple: str, keep_bf16: tuple, double_quant: bool) -> WeightEstimate:
-    return weight_bytes(meta_model(load_config(name)), quant=quant, ple=ple, keep_bf16=keep_bf16, double_quant=double_quant)
+def _named_weight_bytes(name: str, quant: str, ple: str, keep_bf16: tuple, double_quant: bool, towers: str = "gpu",
+                        head: str = "tied") -> WeightEstimate:
+    return weight_bytes(meta_model(load_config(name)), quant=quant, ple=ple, keep_bf16=keep_bf16, double_quant=double_quant,
+                        towers=towers, head=head)
 
 
 def largest_true(low: int, high: int, predicate, resolution: int = 512):
@@ -330,7 +335,8 @@ class CardVerdict:
 
 
 def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: int = 8500, keep_bf16=(), *,
-         calibration: dict | None = None, prefill_chunk: int | None = None, path: str = "plain") -> CardVerdict:
+         calibration: dict | None = None, prefill_chunk: int | None = None, path: str = "plain", towers: str = "gpu",
+         head: str = "tied") -> CardVerdict:
     """Does the model load on a card of ``card_gb`` GB (what the allocator may use), does a
     ``context``-token prefill fit, and what is the largest context that does?
 
@@ -343,7 +349,7 @@ def fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", context: 
     require_positive_number(card_gb, "card_gb")
     calibration = calibration or load_calibration()
     estimate = predict(config, quant, ple, context, keep_bf16, calibration=calibration,  # a name keeps its cache
-                       prefill_chunk=prefill_chunk, path=path)
+                       prefill_chunk=prefill_chunk, path=path, towers=towers, head=head)
     prefill_chunk = estimate_chunk(estimate)
     kv = _named_kv_rates(config) if isinstance(config, str) else None
     config = load_config(config)
@@ -757,14 +763,24 @@ def host_fits(estimate: HostEstimate, ram_bytes: float) -> bool:
 
 @dataclass(frozen=True)
 class Step:
-    """A notebook step that loads a model: what it shows, the setups it can show it with ((quant, ple), the most
-    wanted first), the longest prompt it prefills, and modules it keeps in bf16."""
+    """A notebook step that loads a model: what it shows, the setups it can show it with ((quant, ple), or
+    (quant, ple, towers, head) for ``load_model``'s switches; the most wanted first), the longest prompt it prefills,
+    and modules it keeps in bf16."""
     title: str
     setups: tuple
     context: int = 64
     keep_bf16: tuple = ()
     training: bool = False  # a LoRA training step (predict_training), not a prefill
 
+
+# E4B on a 4 GB card: the towers and the token table in host memory, an NF4 output head on the GPU (not the tied
+# head's exact logits); for steps about a text conversation, before a smaller sibling is taken
+TEXT_ONLY = ("nf4", "cpu", "cpu", "nf4")
+
+
+def full_setup(setup: tuple) -> tuple:
+    """A step's setup as (quant, ple, towers, head): a (quant, ple) pair keeps the towers on the GPU and the head tied."""
+    return tuple(setup) if len(setup) == 4 else (*setup, "gpu", "tied")
 
 # Every live step of the notebooks, by notebook: one place for what each needs.
 STEPS = {
@@ -774,14 +790,14 @@ STEPS = {
     "03.auto": Step('device_map="auto" with bitsandbytes', (("nf4", "cpu"),)),
     "03.course": Step('load_model(ple="cpu") and its placement report', (("nf4", "cpu"),)),
     "03.cpu-entry": Step('a "cpu" entry in the device map', (("nf4", "cpu"),)),
-    "04.anatomy": Step("the loaded model's bytes by device and dtype", (("nf4", "cpu"),)),
+    "04.anatomy": Step("the loaded model's bytes by device and dtype", (("nf4", "cpu"), TEXT_ONLY)),
     "05.reference": Step("the PLE on the GPU, the reference of the identity check", (("nf4", "gpu"),), context=32 + 256),
     "05.course": Step('the PLE on the CPU with load_model(ple="cpu")', (("nf4", "cpu"),)),
-    "06.profile": Step("prefill peaks against the planner", (("nf4", "cpu"),), context=8500),
-    "07.chat": Step("chatting with the model", (("nf4", "cpu"),), context=1024),
-    "08.transformers": Step("the transformers side of the llama.cpp comparison", (("nf4", "cpu"),), context=64),
-    "09.long": Step("long prompts, plain and tuned", (("nf4", "cpu"),), context=8192),
-    "09.decode": Step("decoding speed and its profile", (("nf4", "cpu"),), context=32 + 256),
+    "06.profile": Step("prefill peaks against the planner", (("nf4", "cpu"), TEXT_ONLY), context=8500),
+    "07.chat": Step("chatting with the model", (("nf4", "cpu"), TEXT_ONLY), context=1024),
+    "08.transformers": Step("the transformers side of the llama.cpp comparison", (("nf4", "cpu"), TEXT_ONLY), context=64),
+    "09.long": Step("long prompts, plain and tuned", (("nf4", "cpu"), TEXT_ONLY), context=8192),
+    "09.decode": Step("decoding speed and its profile", (("nf4", "cpu"), TEXT_ONLY), context=32 + 256),
     "10.train": Step("LoRA training steps on the copy task", (("nf4", "cpu"),), context=512, training=True),
 }
 MIN_CONTEXT = 64  # a shorter prompt than this shows nothing a step is about
@@ -797,9 +813,16 @@ class Choice:
     ple: str | None
     context: int | None
     reason: str
+    towers: str = "gpu"
+    head: str = "tied"
 
     def __bool__(self) -> bool:
         return self.model is not None
+
+    @property
+    def setup(self) -> tuple:
+        """(quant, ple, towers, head), as ``full_setup`` spells a step's setups."""
+        return self.quant, self.ple, self.towers, self.head
 
     def __str__(self) -> str:
         return self.reason
@@ -848,14 +871,15 @@ def choose(step: str, model=None, device=None, *, card_gb=None, context: int | N
     calibration = load_calibration()
     first_need = None
 
-    def verdict(candidate, quant, ple, tokens):
+    def verdict(candidate, quant, ple, tokens, towers="gpu", head="tied"):
         tokens = min(tokens, text_config_of(load_config(candidate)).max_position_embeddings)
         if budget is None:
             return tokens, None
         if wanted.training:
             found = training_fits(candidate, budget / 1e9, quant, ple, tokens, calibration=calibration)
         else:
-            found = fits(candidate, budget / 1e9, quant, ple, tokens, wanted.keep_bf16, calibration=calibration)
+            found = fits(candidate, budget / 1e9, quant, ple, tokens, wanted.keep_bf16, calibration=calibration,
+                         towers=towers, head=head)
         need = found.estimate.resident_bytes + GPU_HEADROOM_BYTES
         if not found.loads:
             return None, need
@@ -866,8 +890,12 @@ def choose(step: str, model=None, device=None, *, card_gb=None, context: int | N
     where = "the CPU (no GPU memory limit)" if budget is None else f"{budget / 1e9:.1f} GB free"
     for candidate in candidates:
         for shorter in (False, True):
-            for quant, ple in wanted.setups:
-                tokens, need = verdict(candidate, quant, ple, context)
+            for setup in wanted.setups:
+                quant, ple, towers, head = full_setup(setup)
+                switches = (towers, head) != ("gpu", "tied")
+                if budget is None and switches:
+                    continue  # no GPU limit: the towers and the head have no reason to move
+                tokens, need = verdict(candidate, quant, ple, context, towers, head)
                 first_need = first_need or need
                 if tokens is None or (tokens < context) != shorter:
                     continue
@@ -875,6 +903,8 @@ def choose(step: str, model=None, device=None, *, card_gb=None, context: int | N
                 if host > ram:
                     continue
                 setup = f"{candidate}, {quant}, PLE on {ple}"
+                if switches:
+                    setup += f", towers on the {towers.upper()}, a {head.upper()} output head (not the tied head's exact logits)"
                 how = f"{setup} ({need / 1e9:.1f} GB with headroom, {where})" if need else f"{setup} on {where}"
                 if candidate != name:
                     how += (f": {name} needs {first_need / 1e9:.1f} GB" if first_need else f": {name} does not fit the host's memory")
@@ -882,8 +912,8 @@ def choose(step: str, model=None, device=None, *, card_gb=None, context: int | N
                 if shorter:
                     what = "sequences" if wanted.training else "prompts"
                     how += f", with {what} up to {tokens:,} tokens (a {context:,}-token one does not fit)"
-                return Choice(step, candidate, quant, ple, tokens, f"{wanted.title}: {how}.")
-    quant, ple = wanted.setups[0]
+                return Choice(step, candidate, quant, ple, tokens, f"{wanted.title}: {how}.", towers, head)
+    quant, ple = wanted.setups[0][:2]
     lacking = (f"{name}, {quant}, PLE on {ple} needs {first_need / 1e9:.1f} GB with headroom and {where}"
                if first_need else f"{name} needs more host memory than the {ram / 1e9:.1f} GB available")
     others = f" (nor does {', '.join(candidates[1:])}, the same architecture smaller)" if candidates[1:] else ""
@@ -898,10 +928,8 @@ class CoursePlan:
     choices: list
 
     def rows(self) -> list:
-        return [(choice.step, STEPS[choice.step].title,
-                 f"{choice.model}, {choice.quant}, PLE on {choice.ple}, "
-                 f"{'sequences' if STEPS[choice.step].training else 'prompts'} up to {choice.context:,} tokens"
-                 if choice else "from records") for choice in self.choices]
+        return [(choice.step, STEPS[choice.step].title, _runs(choice) if choice else "from records")
+                for choice in self.choices]
 
     def __str__(self) -> str:
         width = max(len(title) for _, title, _ in self.rows())
@@ -913,6 +941,12 @@ class CoursePlan:
     def _repr_html_(self) -> str:
         body = "".join(f"<tr><td>{step}</td><td>{title}</td><td>{what}</td></tr>" for step, title, what in self.rows())
         return f"<p>On {self.card}:</p><table><tr><th>step</th><th>what it shows</th><th>runs</th></tr>{body}</table>"
+
+
+def _runs(choice: Choice) -> str:
+    switches = "" if (choice.towers, choice.head) == ("gpu", "tied") else f", towers on {choice.towers}, {choice.head} head"
+    what = "sequences" if STEPS[choice.step].training else "prompts"
+    return f"{choice.model}, {choice.quant}, PLE on {choice.ple}{switches}, {what} up to {choice.context:,} tokens"
 
 
 def course_plan(model=None, device=None, *, card_gb=None, ram_bytes=None) -> CoursePlan:

@@ -13,7 +13,18 @@ import torch
 
 from .errors import require_bool, require_choice, require_module_names
 from .models import auto_class_for
-from .placement import PLACEMENTS, PLE_SUFFIX, Placement, part_of, require_model, unique_tensors
+from .placement import (
+    HEADS,
+    PLACEMENTS,
+    PLE_SUFFIX,
+    TOKEN_TABLE_SUFFIX,
+    TOWER_SUFFIXES,
+    TOWERS,
+    Placement,
+    part_of,
+    require_model,
+    unique_tensors,
+)
 from .quantization import QUANTS, Quant
 
 # CUDA context, cuBLAS workspaces and the first activations need room beyond the weights.
@@ -27,11 +38,14 @@ DOUBLE_QUANT_BYTES_PER_WEIGHT = 0.5 + 1 / 64 + 4 / (64 * 256)
 COURSE_PARTS = {  # coarse parts for charts, by the last component of placement.part_of()
     "embed_tokens_per_layer": "PLE table",
     "embed_tokens": "embeddings (tied lm_head)",
+    "lm_head": "output head (untied)",
     "layers": "decoder layers",
     "vision_tower": "vision tower",
     "audio_tower": "audio tower",
 }
 NOT_QUANTIZED_BY_DEFAULT = ("lm_head",)
+# an untied output head: bitsandbytes' int8 keeps one fp32 scale per row (vocabulary x 4 bytes, counted per weight)
+HEAD_BYTES_PER_WEIGHT = {"bf16": 2.0, "int8": 1.0, "nf4": QUANT_BYTES_PER_WEIGHT["nf4"]}
 
 
 @dataclass
@@ -71,8 +85,10 @@ def course_part(part: str) -> str:
     return COURSE_PARTS.get(part.split(".")[-1], "other")
 
 
-def weight_bytes(model, quant: Quant = "nf4", ple: Placement = "cpu", keep_bf16=(), double_quant: bool = False) -> WeightEstimate:
-    """Predict the GPU and CPU bytes of the weights for a quantization and PLE placement."""
+def weight_bytes(model, quant: Quant = "nf4", ple: Placement = "cpu", keep_bf16=(), double_quant: bool = False,
+                 towers: str = "gpu", head: str = "tied") -> WeightEstimate:
+    """Predict the GPU and CPU bytes of the weights for a quantization, PLE placement, towers' placement and output
+    head (``placement.TOWERS``, ``placement.HEADS``)."""
     from accelerate.utils import compute_module_sizes
 
     require_model(model)
@@ -80,6 +96,8 @@ def weight_bytes(model, quant: Quant = "nf4", ple: Placement = "cpu", keep_bf16=
     require_choice(ple, PLACEMENTS, "ple")
     keep_bf16 = require_module_names(keep_bf16)
     require_bool(double_quant, "double_quant")
+    require_choice(towers, TOWERS, "towers")
+    require_choice(head, HEADS, "head")
     per_element = QUANT_BYTES_PER_WEIGHT[quant]
     if double_quant and quant in ("nf4", "fp4"):
         per_element = DOUBLE_QUANT_BYTES_PER_WEIGHT
@@ -92,9 +110,15 @@ def weight_bytes(model, quant: Quant = "nf4", ple: Placement = "cpu", keep_bf16=
         size = sizes[full]
         if quant != "bf16" and _is_quantized_linear_weight(module_name, module, tensor_name, skip):
             size = int(tensor.numel() * per_element)
-        if ple == "cpu" and module_name.split(".")[-1] == PLE_SUFFIX:
+        last = module_name.split(".")[-1]
+        in_a_tower = any(f".{suffix}." in f".{module_name}." for suffix in TOWER_SUFFIXES)
+        if (ple == "cpu" and last == PLE_SUFFIX) or (towers == "cpu" and in_a_tower):
             cpu += size
             continue
+        if head != "tied" and last == TOKEN_TABLE_SUFFIX and tensor_name == "weight":
+            cpu += size  # looked up on the CPU; the GPU holds the head of its own, counted below
+            size = int(tensor.numel() * HEAD_BYTES_PER_WEIGHT[head])
+            full = "lm_head"
         gpu += size
         part = part_of(full)
         by_part[part] = by_part.get(part, 0) + size

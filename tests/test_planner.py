@@ -302,21 +302,23 @@ def test_on_every_card_from_4_gb_each_step_runs_something_that_fits_it(model):
         for step, wanted in planner.STEPS.items():
             choice = planner.choose(step, model, card_gb=card_gb, ram_bytes=PLENTY_OF_RAM)
             assert choice, (card_gb, choice.reason)  # the synthetic shapes end in tiny, which fits every card
-            verdict = planner.fits(choice.model, card_gb, choice.quant, choice.ple, choice.context, wanted.keep_bf16)
+            verdict = planner.fits(choice.model, card_gb, choice.quant, choice.ple, choice.context, wanted.keep_bf16,
+                                   towers=choice.towers, head=choice.head)
             assert verdict.loads and verdict.fits, (card_gb, step, choice.reason)
-            assert (choice.quant, choice.ple) in wanted.setups and choice.context >= planner.MIN_CONTEXT
+            assert choice.setup in map(planner.full_setup, wanted.setups) and choice.context >= planner.MIN_CONTEXT
 
 
 @pytest.mark.parametrize("card_gb", [4, 6, 8, 15, 24])
 def test_a_step_runs_the_model_itself_whenever_it_loads_and_a_smaller_sibling_only_when_it_does_not(card_gb):
     for step, wanted in planner.STEPS.items():
         choice = planner.choose(step, "e4b-shape", card_gb=card_gb, ram_bytes=PLENTY_OF_RAM)
-        itself = [planner.fits("e4b-shape", card_gb, quant, ple, wanted.context, wanted.keep_bf16)
-                  for quant, ple in wanted.setups]
+        setups = [planner.full_setup(setup) for setup in wanted.setups]
+        itself = [planner.fits("e4b-shape", card_gb, quant, ple, wanted.context, wanted.keep_bf16, towers=towers, head=head)
+                  for quant, ple, towers, head in setups]
         runs = [v.fits or (v.loads and (v.safe_context or 0) >= planner.MIN_CONTEXT) for v in itself]
         assert (choice.model == "e4b-shape") == any(runs), (card_gb, choice.reason)
         if choice.model == "e4b-shape" and any(v.fits for v in itself):  # the most wanted setup that fits whole
-            assert wanted.setups.index((choice.quant, choice.ple)) == [v.fits for v in itself].index(True)
+            assert setups.index(choice.setup) == [v.fits for v in itself].index(True)
 
 
 def test_a_model_with_no_smaller_sibling_that_does_not_fit_runs_nothing_and_says_why_in_one_sentence():

@@ -1,0 +1,137 @@
+"""E4B on a 4 GB card: the towers wait on the CPU and the token table is looked up there, with an output head of its
+own on the GPU. The bf16 head is exact (its control, one ulp off, is not); a quantized head is smaller and not exact."""
+
+import pytest
+import torch
+import transformers
+from packaging.version import Version
+
+from helpers import decoding, loading, measure, placement, synthetic, weights
+from helpers.errors import InvalidChoiceError, TunedDecodeError
+from helpers.weights import GPU_HEADROOM_BYTES, HEAD_BYTES_PER_WEIGHT
+
+
+@pytest.fixture(scope="module")
+def e4b_meta():
+    return weights.meta_model(synthetic.gemma4_config("e4b-shape"))
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, 300, (1, 48), generator=generator)
+    assert len(set(ids[0].tolist())) > 30  # varied tokens, not one row looked up again and again
+    return ids
+
+
+@pytest.fixture(scope="module")
+def tied_logits(tiny_path, prompt):
+    model = loading.load_model(tiny_path, "nf4", "cpu", device="cpu")
+    with torch.no_grad():
+        return model(prompt).logits
+
+
+def devices_by_tensor(model, device_map) -> dict:
+    owners = placement.key_for_each_name(device_map, list(model.state_dict()))
+    return {name: device_map[key] for name, key in owners.items()}
+
+
+def test_towers_and_the_token_table_leave_the_gpu_and_nothing_else_does(e4b_meta):
+    device_map = loading.course_device_map(e4b_meta, 0, "cpu", "cpu", "nf4")
+    assert "" not in device_map  # a "" key would load everything onto the GPU first
+    placement.validate_device_map(e4b_meta, device_map)
+    on_cpu = {name for name, device in devices_by_tensor(e4b_meta, device_map).items() if device == "cpu"}
+    expected_prefixes = [*placement.tower_module_names(e4b_meta), *placement.token_table_names(e4b_meta),
+                         *placement.ple_module_names(e4b_meta), "lm_head"]
+    assert on_cpu and all(any(name.startswith(p + ".") for p in expected_prefixes) for name in on_cpu)
+    layers = [name for name in devices_by_tensor(e4b_meta, device_map) if ".language_model.layers." in name]
+    assert layers and not set(layers) & on_cpu
+
+
+def test_the_plain_course_map_is_unchanged_by_the_new_switches(e4b_meta):
+    assert loading.course_device_map(e4b_meta, 0, "cpu") == placement.ple_device_map(e4b_meta, 0)
+    assert loading.course_device_map(e4b_meta, 0, "gpu") == {"": 0}
+
+
+def test_an_untied_bf16_head_gives_the_tied_models_logits_bit_for_bit(tiny_path, prompt, tied_logits):
+    model = loading.load_model(tiny_path, "nf4", "cpu", device="cpu", towers="cpu", head="bf16")
+    assert model.lm_head.weight.data_ptr() != model.model.language_model.embed_tokens.weight.data_ptr()
+    assert placement.has_cpu_lookup(model.model.language_model.embed_tokens)
+    with torch.no_grad():
+        logits = model(prompt).logits
+        assert torch.equal(logits, tied_logits)
+        assert len(set(logits.argmax(-1)[0].tolist())) > 5  # the compared logits vary
+        # the control: the head one ulp off in one row the prompt's argmax reads must be reported as different
+        row = int(logits[0, -1].argmax())
+        model.lm_head.weight.view(torch.int16)[row] += 1  # one bf16 ulp on every weight of that row
+        assert not torch.equal(model(prompt).logits, tied_logits)
+
+
+def test_the_models_first_parameter_is_not_one_served_from_host_memory_so_generate_keeps_its_inputs_on_the_gpu(tiny_path):
+    # transformers' model.device is the first parameter's device, and generate moves its inputs there
+    model = loading.load_model(tiny_path, "nf4", "cpu", device="cpu", towers="cpu", head="bf16")
+    served = [name for name, module in model.named_modules() if placement.runs_on_cpu(module)]
+    assert {"model.vision_tower", "model.language_model.embed_tokens"} <= set(served)
+    first = next(name for name, _ in model.named_parameters())
+    assert not any(first.startswith(name + ".") for name in served), first
+    plain = loading.load_model(tiny_path, "nf4", "cpu", device="cpu")  # the control: loaded as it comes
+    assert next(name for name, _ in plain.named_parameters()).startswith("model.vision_tower.")
+
+
+@pytest.mark.parametrize("head", ["int8", "nf4"])
+def test_a_quantized_head_is_smaller_and_its_logits_are_not_identical(tiny_path, prompt, tied_logits, head):
+    model = loading.load_model(tiny_path, "nf4", "cpu", device="cpu", towers="cpu", head=head)
+    with torch.no_grad():
+        logits = model(prompt).logits
+    assert logits.shape == tied_logits.shape
+    assert not torch.equal(logits, tied_logits)
+    assert torch.corrcoef(torch.stack([logits.flatten().float(), tied_logits.flatten().float()]))[0, 1] > 0.9
+
+
+def test_the_estimate_moves_the_towers_and_the_table_and_counts_the_head_it_keeps(e4b_meta):
+    tied = weights.weight_bytes(e4b_meta, "nf4", "cpu")
+    towers = weights.weight_bytes(e4b_meta, "nf4", "cpu", towers="cpu")
+    tower_bytes = sum(size for part, size in tied.by_course_part().items() if part in ("vision tower", "audio tower"))
+    assert tower_bytes > 0 and tied.gpu_bytes - towers.gpu_bytes > tower_bytes  # the projections leave too
+    table = e4b_meta.get_submodule(placement.token_table_names(e4b_meta)[0]).weight
+    for head, per_weight in HEAD_BYTES_PER_WEIGHT.items():
+        untied = weights.weight_bytes(e4b_meta, "nf4", "cpu", towers="cpu", head=head)
+        assert towers.gpu_bytes - untied.gpu_bytes == pytest.approx(table.numel() * (2 - per_weight), abs=4)
+        assert untied.cpu_bytes == towers.cpu_bytes + table.numel() * 2
+
+
+def test_e4b_text_only_with_an_nf4_head_is_predicted_to_fit_a_4_gb_card_and_the_tied_model_is_not(e4b_meta):
+    fits = weights.weight_bytes(e4b_meta, "nf4", "cpu", towers="cpu", head="nf4").gpu_bytes + GPU_HEADROOM_BYTES
+    tied = weights.weight_bytes(e4b_meta, "nf4", "cpu").gpu_bytes + GPU_HEADROOM_BYTES
+    assert fits < 4e9 < tied
+
+
+@pytest.mark.parametrize("arguments", [dict(towers="no"), dict(head="fp8"), dict(head=True),
+                                       dict(towers="cpu", device_map={"": "cpu"})])
+def test_a_wrong_towers_or_head_is_refused_in_one_sentence_before_loading(tiny_path, arguments):
+    with pytest.raises(InvalidChoiceError):
+        loading.load_model(tiny_path, "nf4", "cpu", device="cpu", **arguments)
+
+
+needs_ple_outside = pytest.mark.skipif(Version(transformers.__version__) < Version("5.17.0"),
+                                       reason="this transformers takes no per_layer_inputs (tests/test_decoding.py)")
+
+
+@needs_ple_outside
+@pytest.mark.parametrize("compile_mode", [None, "cudagraphs"], ids=["loop", "graph-buffers"])
+def test_the_tuned_decode_runs_with_the_towers_and_table_on_the_cpu_and_gives_generates_logits(tiny_path, compile_mode):
+    model = loading.load_model(tiny_path, "nf4", "cpu", device="cpu", towers="cpu", head="bf16")
+    ids = measure.prompt_ids(loading.load_tokenizer(tiny_path), 32, "cpu")
+    with measure.math_attention():
+        expected = decoding.plain_greedy(model, ids, 16, static_cache=True, keep_logits=True)
+        run = decoding.TunedGreedy(model, decoding.Decoder(compile=compile_mode)).greedy(ids, 16, keep_logits=True)
+    assert len(set(expected.tokens)) > 8
+    assert run.tokens == expected.tokens
+    assert measure.compare_logits(expected.logits, run.logits)["identical"]
+
+
+def test_a_captured_decode_refuses_an_int8_head_before_it_runs(tiny_path):
+    model = loading.load_model(tiny_path, "nf4", "cpu", device="cpu", head="int8")
+    with pytest.raises(TunedDecodeError, match="head='nf4'"):
+        decoding.TunedGreedy(model, decoding.Decoder(compile="cudagraphs"))
+    decoding.TunedGreedy(model, decoding.Decoder(compile=None, ple_outside=False))  # the eager loop can run it
