@@ -137,6 +137,10 @@ def test_every_load_of_a_notebook_takes_its_model_from_the_planner_never_a_hard_
                 source = node.args[0] if node.args else None
                 chosen = isinstance(source, ast.Attribute) and source.attr == "model"  # a planner.Choice's model
                 assert chosen or ast.unparse(source) == "checkpoint", (path.name, ast.unparse(node))  # 08: the GGUF's own
+                keywords = {keyword.arg: ast.unparse(keyword.value) for keyword in node.keywords}
+                if chosen and f"{source.value.id}.quant" in keywords.get("quant", ""):  # the choice's own setup, whole:
+                    for part in ("ple", "towers", "head"):  # on a 4 GB card the towers and head are part of it
+                        assert keywords.get(part) == f"{source.value.id}.{part}", (path.name, part, ast.unparse(node))
     text = path.read_text()
     assert "smaller_sibling(" not in text and "will_load(" not in text  # the planner chooses, with the sibling
 
