@@ -793,6 +793,8 @@ STEPS = {
     "04.anatomy": Step("the loaded model's bytes by device and dtype", (("nf4", "cpu"), TEXT_ONLY)),
     "05.reference": Step("the PLE on the GPU, the reference of the identity check", (("nf4", "gpu"),), context=32 + 256),
     "05.course": Step('the PLE on the CPU with load_model(ple="cpu")', (("nf4", "cpu"),)),
+    "05.text-only": Step("the towers and the token table on the CPU too", (("nf4", "cpu", "cpu", "bf16"), TEXT_ONLY),
+                         context=32 + 256),
     "06.profile": Step("prefill peaks against the planner", (("nf4", "cpu"), TEXT_ONLY), context=8500),
     "07.chat": Step("chatting with the model", (("nf4", "cpu"), TEXT_ONLY), context=1024),
     "08.transformers": Step("the transformers side of the llama.cpp comparison", (("nf4", "cpu"), TEXT_ONLY), context=64),
@@ -888,12 +890,13 @@ def choose(step: str, model=None, device=None, *, card_gb=None, context: int | N
         return (found.safe_context if (found.safe_context or 0) >= MIN_CONTEXT else None), need
 
     where = "the CPU (no GPU memory limit)" if budget is None else f"{budget / 1e9:.1f} GB free"
+    plain_setups = [setup for setup in wanted.setups if full_setup(setup)[2:] == ("gpu", "tied")]
     for candidate in candidates:
         for shorter in (False, True):
             for setup in wanted.setups:
                 quant, ple, towers, head = full_setup(setup)
                 switches = (towers, head) != ("gpu", "tied")
-                if budget is None and switches:
+                if budget is None and switches and plain_setups:
                     continue  # no GPU limit: the towers and the head have no reason to move
                 tokens, need = verdict(candidate, quant, ple, context, towers, head)
                 first_need = first_need or need
@@ -904,7 +907,8 @@ def choose(step: str, model=None, device=None, *, card_gb=None, context: int | N
                     continue
                 setup = f"{candidate}, {quant}, PLE on {ple}"
                 if switches:
-                    setup += f", towers on the {towers.upper()}, a {head.upper()} output head (not the tied head's exact logits)"
+                    exact = "the tied head's exact logits" if head == "bf16" else "not the tied head's exact logits"
+                    setup += f", towers on the {towers.upper()}, an output head of its own in {head} ({exact})"
                 how = f"{setup} ({need / 1e9:.1f} GB with headroom, {where})" if need else f"{setup} on {where}"
                 if candidate != name:
                     how += (f": {name} needs {first_need / 1e9:.1f} GB" if first_need else f": {name} does not fit the host's memory")

@@ -547,15 +547,18 @@ def render_headline() -> str:
     planner, calibrated on the records), and three recorded figures."""
     from helpers import cards, planner, records
 
-    lines = [HEADLINE_START, "| card | loads E4B NF4, PLE on the CPU | longest prompt in one prefill, safe | the course's steps on "
-             "E4B itself |",
-             "|---|---|---|---|"]
+    lines = [HEADLINE_START, "| card | loads E4B NF4, PLE on the CPU | text only: towers and token table on the CPU, NF4 head "
+             "| longest prompt in one prefill, safe | the course's steps on E4B itself |",
+             "|---|---|---|---|---|"]
     for size in cards.CARD_SIZES_GB:
         verdict = planner.fits("e4b-shape", size, "nf4", "cpu", 1024)
+        quant, ple, towers, head = planner.TEXT_ONLY
+        text_only = planner.fits("e4b-shape", size, quant, ple, 1024, towers=towers, head=head)
+        best = verdict if verdict.loads else text_only
         plan = planner.course_plan("e4b-shape", card_gb=size, ram_bytes=64e9)
         itself = sum(choice.model == "e4b-shape" for choice in plan.choices)
-        lines.append(f"| {cards.size_label(size)} | {'yes' if verdict.loads else 'no'} | "
-                     f"{f'{verdict.safe_context:,} tokens' if verdict.loads else '-'} | {itself} of {len(plan.choices)} |")
+        lines.append(f"| {cards.size_label(size)} | {'yes' if verdict.loads else 'no'} | {'yes' if text_only.loads else 'no'} | "
+                     f"{f'{best.safe_context:,} tokens' if best.loads else '-'} | {itself} of {len(plan.choices)} |")
     tier = records.gpu_tier("e4b-shape", "nf4")
     gpu, cpu = tier["ple-gpu"], tier["ple-cpu"]
     same = cpu["logits_vs_ple_gpu"]
