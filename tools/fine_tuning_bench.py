@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     import torch
 
     from helpers import cards, fine_tuning, loading, planner
-    from helpers.records import write_record
+    from lab.records import write_record
 
     cap = cards.simulate(args.card_gb)  # before anything touches the GPU
     model = fine_tuning.qlora(args.model, device=0)

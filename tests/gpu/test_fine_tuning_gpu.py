@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers.paths import GPU_TIER_DIR
-from helpers.records import write_record
+from lab.records import write_record
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
