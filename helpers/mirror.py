@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import os
 import shutil
@@ -48,7 +49,17 @@ from .errors import CourseError
 from .paths import cache_subfolder, venv_python, writable_folder
 
 OLAH_VERSION = "0.5.4"
-OLAH_ENTRY = "from olah.server import cli; cli()"
+# olah's entry point, with a watch on its stdin: a pipe whose other end only the mirror's process holds, so it reads
+# end-of-file when that process ends, however it ends (Ctrl+C, SIGKILL, a closed notebook kernel, Windows' Task
+# Manager), and olah ends with it instead of serving on without the front's refusals. (os.read, not sys.stdin: a
+# daemon thread inside the buffered reader would hold its lock when olah itself exits.)
+OLAH_ENTRY = ("import os, sys, threading\n"
+              "def parent_gone():\n"
+              "    while os.read(sys.stdin.fileno(), 65536):\n"
+              "        pass\n"
+              "    os._exit(0)\n"
+              "threading.Thread(target=parent_gone, daemon=True).start()\n"
+              "from olah.server import cli; cli()\n")
 OLAH_INSTALLED = "course-olah-installed"  # written last: a venv without it was interrupted mid-install
 LFS_THRESHOLD_BYTES = 1024 * 1024  # files above this are stored as git-lfs objects, as on the Hub
 LFS_POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
@@ -347,11 +358,16 @@ class Front:
 
     def bind(self) -> None:
         """Take the port now, before olah starts, so that a port in use is reported, not served by someone else."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         try:
-            self._socket = socket.create_server((self.host, self.port))
+            self._socket = socket.create_server((self.host, self.port), family=family)
         except OSError as err:
-            raise MirrorError(f"Cannot listen on {self.host}:{self.port} ({err.strerror or err}); another program "
-                              f"is probably using the port: pass another port (--port) or stop that program.") from None
+            if err.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", errno.EADDRINUSE)):
+                raise MirrorError(f"Cannot listen on {self.host}:{self.port} ({err.strerror or err}); another program "
+                                  f"is using the port: pass another port (--port) or stop that program.") from None
+            raise MirrorError(f"Cannot listen on {self.host}:{self.port} ({err.strerror or err}): this machine has no "
+                              f"such address{' (IPv6 may be off)' if family == socket.AF_INET6 else ''}; pass "
+                              f"--host {LOOPBACK}, or an address this machine has.") from None
 
     def serve(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
@@ -554,7 +570,7 @@ class Mirror(Service):
     @property
     def endpoint(self) -> str:
         host = LOOPBACK if self.host in (EVERY_INTERFACE, "::") else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     @property
     def olah_endpoint(self) -> str:
@@ -599,7 +615,7 @@ class Mirror(Service):
             "[accessibility]\noffline = true\n"
         )
         self.log = open(self.workdir / f"olah-{self.port}.log", "w")
-        self.process = subprocess.Popen([*command, "-c", str(config)], stdout=self.log,
+        self.process = subprocess.Popen([*command, "-c", str(config)], stdin=subprocess.PIPE, stdout=self.log,
                                         stderr=subprocess.STDOUT, cwd=self.workdir)
         probe = f"{self.olah_endpoint}/api/models/{self.repo_id}/revision/main"
         deadline = time.monotonic() + timeout
@@ -622,6 +638,8 @@ class Mirror(Service):
 
     def stop(self) -> None:
         self.front.close()
+        if self.process is not None and self.process.stdin is not None:
+            self.process.stdin.close()  # olah's watch reads end-of-file and exits
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -653,16 +671,18 @@ def main(argv=None) -> int:
         print(err, file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _stop_on_terminate)  # `kill` and a process manager stop it as Ctrl+C does: olah too
-    address = "<this machine's address>" if args.classroom else LOOPBACK
-    print(f"{mirror.exposure()}\nLearners run:\n"
-          f"  export HF_ENDPOINT=http://{address}:{mirror.port} {LEARNER_SETTINGS}\n"
-          f"  hf download {args.repo}\nCtrl+C stops it.", flush=True)
-    try:
+    endpoint = f"http://<this machine's address>:{mirror.port}" if args.classroom else mirror.endpoint
+    try:  # the banner inside: a closed stdout (a broken pipe) still stops olah
+        print(f"{mirror.exposure()}\nLearners run:\n"
+              f"  export HF_ENDPOINT={endpoint} {LEARNER_SETTINGS}\n"
+              f"  hf download {args.repo}\nCtrl+C stops it.", flush=True)
         code = mirror.process.wait()
         print(f"olah stopped by itself (exit {code}): {mirror.log_tail()}; full log: {mirror.log.name}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
+    except BrokenPipeError:
+        return 1
     finally:
         mirror.stop()
 

@@ -326,3 +326,63 @@ def test_an_olah_that_dies_while_serving_ends_the_cli_with_a_non_zero_exit_and_s
     wait_for_line(process, "Ctrl+C stops it")  # it started: the fake answered as olah does
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1 and "olah stopped by itself (exit 5)" in stderr and "out of memory" in stderr
+
+
+# ---------------------------------------------------------------- olah ends with the mirror's process
+
+HOLD_A_MIRROR = """
+import sys, time
+from helpers import mirror
+if sys.argv[2] == "unwatched":  # the control: olah's plain entry point, without the watch on its stdin
+    mirror.OLAH_ENTRY = "from olah.server import cli; cli()"
+running = mirror.Mirror(sys.argv[1], "google/gemma-4-E4B-it").start()
+print(running.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def olah_after_its_parent_is_killed(tiny_path, tmp_path, watched: str) -> bool:
+    """Start a mirror in a process of its own, kill that process outright (SIGKILL; TerminateProcess on Windows),
+    and say whether olah is still running 15 s later."""
+    env = {**os.environ, "GEMMA_COURSE_CACHE": str(tmp_path)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_A_MIRROR, str(tiny_path), watched], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        olah = psutil.Process(int(holder.stdout.readline()))
+    except ValueError:
+        raise AssertionError(holder.stderr.read()) from None
+    holder.kill()
+    holder.wait(timeout=30)
+    gone, alive = psutil.wait_procs([olah], timeout=15)
+    for process in alive:
+        process.kill()
+    return bool(alive)
+
+
+def test_olah_ends_when_the_mirrors_process_is_killed_outright_and_without_the_watch_it_would_not(tiny_path, tmp_path):
+    assert not olah_after_its_parent_is_killed(tiny_path, tmp_path / "watched", "watched")
+    assert olah_after_its_parent_is_killed(tiny_path, tmp_path / "control", "unwatched")  # the control: it serves on
+
+
+def test_an_address_this_machine_cannot_bind_is_refused_for_what_it_is_not_as_a_busy_port(tiny_path, tmp_path):
+    front = mirror.Front("127.0.0.1", mirror.free_port(), {REPO})
+    front.bind()  # the control: an address the machine has
+    front.close()
+    for host in ("192.0.2.1", "2001:db8::1"):  # documentation addresses (RFC 5737, RFC 3849): no machine has them
+        with pytest.raises(mirror.MirrorError, match="no such address") as refused:
+            mirror.Front(host, mirror.free_port(), {REPO}).bind()
+        assert "another program" not in str(refused.value)
+
+
+def test_ipv6_loopback_is_served_where_the_machine_has_it_and_its_endpoint_is_bracketed(tiny_path, tmp_path):
+    if not socket.has_ipv6:
+        pytest.skip("this Python has no IPv6")
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6):
+            pass
+    except OSError:
+        pytest.skip("this machine has no ::1")
+    with mirror.Mirror(tiny_path, REPO, host="::1", workdir=tmp_path) as running:
+        assert running.endpoint == f"http://[::1]:{running.port}"
+        with socket.create_connection(("::1", running.port), timeout=10):
+            pass
