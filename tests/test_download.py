@@ -212,7 +212,9 @@ def test_an_olah_importable_here_is_started_with_this_python_not_a_venv(monkeypa
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "olah" else real(name, *a))
-    assert mirror.olah_command() == [system.executable, "-c", "from olah.server import cli; cli()"]
+    command = mirror.olah_command()
+    assert command == [system.executable, "-c", mirror.OLAH_ENTRY]  # this interpreter, not a venv's
+    assert command[-1].rstrip().endswith("from olah.server import cli; cli()")  # olah's own entry point, behind the watch
 
 
 def test_an_olah_that_dies_at_start_is_reported_with_its_last_words(source, tmp_path, monkeypatch):
