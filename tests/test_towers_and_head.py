@@ -74,8 +74,11 @@ def test_the_models_first_parameter_is_not_one_served_from_host_memory_so_genera
     assert {"model.vision_tower", "model.language_model.embed_tokens"} <= set(served)
     first = next(name for name, _ in model.named_parameters())
     assert not any(first.startswith(name + ".") for name in served), first
-    plain = loading.load_model(tiny_path, "nf4", "cpu", device="cpu")  # the control: loaded as it comes
-    assert next(name for name, _ in plain.named_parameters()).startswith("model.vision_tower.")
+    # the control: loaded as it comes, the first parameter is one the switches serve from host memory (the vision
+    # tower from transformers 5.17 on, the token table on 5.5.2, which registers the language model first)
+    plain = loading.load_model(tiny_path, "nf4", "cpu", device="cpu")
+    plain_first = next(name for name, _ in plain.named_parameters())
+    assert any(plain_first.startswith(name + ".") for name in served), plain_first
 
 
 @pytest.mark.parametrize("head", ["int8", "nf4"])
