@@ -394,22 +394,49 @@ def install_output_head(model, head: str, compute_device) -> None:
         config.tie_word_embeddings = False  # a later tie_weights() must not put the table back on the GPU
 
 
+HEAD_ROWS_PER_STEP = 8192  # rows of the table quantized at a time: the bf16 table never lands on the GPU whole
+HEAD_BLOCKSIZE = 64  # NF4 weights per absmax, bitsandbytes' default
+
+
 def output_head(weight: torch.Tensor, head: str, device: torch.device) -> torch.nn.Module:
-    """A bias-free linear head holding ``weight`` (vocabulary x hidden) on ``device`` in bf16, int8 or NF4."""
+    """A bias-free linear head holding ``weight`` (vocabulary x hidden) on ``device`` in bf16, int8 or NF4.
+    bitsandbytes quantizes a weight where it lands, so the quantized heads are built a slice of rows at a time: a
+    4 GB card could not hold the bf16 table (1.3 GB for E4B) beside the model. Int8 scales each row; NF4 blocks of
+    64 never span two rows when the hidden size is a multiple of 64, so the slices give the whole table's bits."""
     vocab, hidden = weight.shape
     if head == "bf16":
         layer = torch.nn.Linear(hidden, vocab, bias=False, device="meta", dtype=weight.dtype)
         layer.weight = torch.nn.Parameter(weight.to(device, copy=True), requires_grad=False)
         return layer
     import bitsandbytes as bnb
+    import bitsandbytes.functional as bnb_functional
 
+    step = HEAD_ROWS_PER_STEP if hidden % HEAD_BLOCKSIZE == 0 else vocab
     if head == "int8":
+        rows = torch.empty(vocab, hidden, dtype=torch.int8, device=device)
+        scales = torch.empty(vocab, dtype=torch.float32, device=device)
+        for start in range(0, vocab, step):
+            part = weight[start:start + step].to(device, torch.float16)
+            rows[start:start + step], scales[start:start + step], _ = bnb_functional.int8_vectorwise_quant(part)
         layer = bnb.nn.Linear8bitLt(hidden, vocab, bias=False, has_fp16_weights=False, device="meta")
-        layer.weight = bnb.nn.Int8Params(weight.clone(), requires_grad=False, has_fp16_weights=False)
-    else:
-        layer = bnb.nn.Linear4bit(hidden, vocab, bias=False, compute_dtype=weight.dtype, quant_type="nf4", device="meta")
-        layer.weight = bnb.nn.Params4bit(weight.clone(), requires_grad=False, quant_type="nf4")
-    return layer.to(device)  # bitsandbytes quantizes as the weight moves
+        layer.weight = bnb.nn.Int8Params(rows, requires_grad=False, has_fp16_weights=False)
+        layer.weight.CB, layer.weight.SCB = rows, scales
+        return layer
+    packed = torch.empty(vocab * hidden // 2, 1, dtype=torch.uint8, device=device)
+    absmax = torch.empty(-(-vocab * hidden // HEAD_BLOCKSIZE), dtype=torch.float32, device=device)
+    for start in range(0, vocab, step):
+        part = weight[start:start + step].to(device)
+        bits, state = bnb_functional.quantize_4bit(part, blocksize=HEAD_BLOCKSIZE, quant_type="nf4")
+        first = start * hidden
+        packed[first // 2:first // 2 + bits.shape[0]] = bits
+        absmax[first // HEAD_BLOCKSIZE:first // HEAD_BLOCKSIZE + state.absmax.numel()] = state.absmax
+    state = bnb_functional.QuantState(absmax=absmax, shape=torch.Size([vocab, hidden]), code=state.code,
+                                      blocksize=HEAD_BLOCKSIZE, quant_type="nf4", dtype=weight.dtype)
+    layer = bnb.nn.Linear4bit(hidden, vocab, bias=False, compute_dtype=weight.dtype, quant_type="nf4", device="meta")
+    layer.weight = bnb.nn.Params4bit(packed, requires_grad=False, quant_state=state, blocksize=HEAD_BLOCKSIZE,
+                                     compress_statistics=False, quant_type="nf4", module=layer, bnb_quantized=True)
+    layer.quant_state = state
+    return layer
 
 
 # ---------------------------------------------------------------- reports

@@ -138,3 +138,40 @@ def test_a_captured_decode_refuses_an_int8_head_before_it_runs(tiny_path):
     with pytest.raises(TunedDecodeError, match="head='nf4'"):
         decoding.TunedGreedy(model, decoding.Decoder(compile="cudagraphs"))
     decoding.TunedGreedy(model, decoding.Decoder(compile=None, ple_outside=False))  # the eager loop can run it
+
+
+@pytest.fixture(scope="module")
+def table():
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(3 * 96 + 17, 128, generator=generator).to(torch.bfloat16)  # slices that do not divide it
+
+
+@pytest.mark.parametrize("head", ["int8", "nf4"])
+def test_the_head_quantized_a_slice_of_rows_at_a_time_holds_the_whole_tables_bits(table, head, monkeypatch):
+    # a 4 GB card cannot hold the bf16 table beside the model, so the head is quantized in slices of rows
+    import bitsandbytes as bnb
+
+    monkeypatch.setattr(placement, "HEAD_ROWS_PER_STEP", 96)
+    sliced = placement.output_head(table, head, torch.device("cpu"))
+    if head == "int8":
+        whole, scales, _ = bnb.functional.int8_vectorwise_quant(table.to(torch.float16))
+        assert torch.equal(sliced.weight.CB, whole) and torch.equal(sliced.weight.SCB, scales)
+        control = sliced.weight.CB.clone()
+        control[100, 0] += 1  # one step of one weight in the second slice must show
+        assert not torch.equal(control, whole)
+        return
+    whole, state = bnb.functional.quantize_4bit(table, blocksize=64, quant_type="nf4")
+    assert torch.equal(sliced.weight.data, whole) and torch.equal(sliced.weight.quant_state.absmax, state.absmax)
+    assert torch.equal(bnb.functional.dequantize_4bit(sliced.weight.data, sliced.weight.quant_state),
+                       bnb.functional.dequantize_4bit(whole, state))
+    control = sliced.weight.quant_state.absmax.clone()
+    control[2 * 96 * 128 // 64] *= 2  # the first block of the third slice
+    assert not torch.equal(control, state.absmax)
+
+
+def test_the_quantized_heads_hold_the_bytes_the_planner_counts(table):
+    for head in ("int8", "nf4"):
+        layer = placement.output_head(table, head, torch.device("cpu"))
+        held = sum(t.numel() * t.element_size() for t in (layer.weight.data, *(
+            [layer.weight.SCB] if head == "int8" else [layer.weight.quant_state.absmax])))
+        assert held == pytest.approx(table.numel() * HEAD_BYTES_PER_WEIGHT[head], rel=0.05), head
