@@ -285,6 +285,51 @@ def install_cpu_lookup(module, compute_device) -> None:
     module.forward = types.MethodType(cpu_lookup_forward, module)
 
 
+class _PinnedPages:
+    """``__cuda_array_interface__`` over a pinned host tensor, whose address the GPU shares under CUDA's unified
+    addressing; it keeps the tensor alive for as long as torch keeps the view."""
+
+    def __init__(self, host: torch.Tensor):
+        self.host = host
+        self.__cuda_array_interface__ = {"shape": tuple(host.shape), "typestr": "<i2", "version": 3,
+                                         "data": (host.data_ptr(), False), "strides": None}
+
+
+def mapped_view(host: torch.Tensor, device) -> torch.Tensor | None:
+    """A CUDA tensor over ``host``'s pinned pages: kernels on ``device`` read in place over the bus, so a gather
+    moves only the rows it needs and no GPU memory is allocated. None where the GPU cannot map them (no unified
+    addressing): the caller keeps its CPU lookup. 16-bit tensors only (the tables are bf16)."""
+    if host.element_size() != 2 or not host.is_contiguous():
+        return None
+    try:
+        pinned = host if host.is_pinned() else host.pin_memory()
+        view = torch.as_tensor(_PinnedPages(pinned.view(torch.int16)), device=device).view(host.dtype)
+    except (RuntimeError, TypeError):
+        return None
+    return view if view.data_ptr() == pinned.data_ptr() and view.device == torch.device(device) else None
+
+
+def install_mapped_table(module, compute_device) -> bool:
+    """Keep one embedding's table in pinned host memory and give its own forward a GPU view of it: the lookup runs
+    on ``compute_device`` (the ids never leave it) and copies the rows exactly. False where the view is not
+    possible; then the table is looked up on the CPU instead."""
+    from accelerate.hooks import remove_hook_from_module
+
+    compute_device = torch.device(compute_device)
+    if compute_device.type != "cuda":
+        return False
+    if hasattr(module, "_hf_hook"):
+        remove_hook_from_module(module)  # restores the offloaded weight to the CPU
+    view = mapped_view(module.weight.data.to("cpu"), compute_device)
+    if view is None:
+        return False
+    module.weight = torch.nn.Parameter(view, requires_grad=False)
+    for name, buffer in module.named_buffers(recurse=False):
+        module._buffers[name] = buffer.to(compute_device)
+    module._mapped_to = compute_device
+    return True
+
+
 def has_cpu_lookup(module) -> bool:
     return getattr(module, "_ple_compute_device", None) is not None
 
@@ -375,9 +420,13 @@ def runs_on_cpu(module) -> bool:
 
 
 def install_output_head(model, head: str, compute_device) -> None:
-    """Untie the output head from the token table: the table is looked up on the CPU (the rows it gathers are exact)
-    and ``lm_head`` becomes a head of its own on ``compute_device``, copied from the table in bf16 (the same logits)
-    or quantized by bitsandbytes to ``int8`` or ``nf4`` (a quarter to a half of the bytes, not the same logits)."""
+    """Untie the output head from the token table: the table stays in host memory, read in place by the GPU (or
+    looked up on the CPU where it cannot be; the rows gathered are exact either way), and ``lm_head`` becomes a head
+    of its own on ``compute_device``, copied from the table in bf16 (the same logits) or quantized by bitsandbytes
+    to ``int8`` or ``nf4`` (a quarter to a half of the bytes, not the same logits).
+
+    The table cannot simply stay on the CPU: Gemma 4's multimodal forward reads its pad row
+    (``embed_tokens.weight[pad_token_id]``) into a ``torch.where`` with the GPU's embeddings."""
     require_model(model)
     require_choice(head, HEADS[1:], "head")
     compute_device = torch.device(compute_device)
@@ -387,7 +436,8 @@ def install_output_head(model, head: str, compute_device) -> None:
         raise InvalidChoiceError(f"head={head!r} unties a single token table from its output head, and "
                                  f"{type(model).__name__} has {len(tables)} table(s): load it with head='tied'.")
     table = model.get_submodule(tables[0])
-    install_cpu_lookup(table, compute_device)
+    if not install_mapped_table(table, compute_device):
+        install_cpu_lookup(table, compute_device)
     weight = table.weight.detach()
     model.set_output_embeddings(output_head(weight, head, compute_device))
     for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
@@ -458,6 +508,8 @@ def _where(module, tensor_name: str, tensor: torch.Tensor) -> str:
         return f"cpu (offload hook: copied to {hook.execution_device} at every forward)"
     if has_cpu_lookup(module) and tensor_name == "weight":
         return f"cpu (lookup on cpu, rows to {module._ple_compute_device})"
+    if getattr(module, "_mapped_to", None) is not None and tensor_name == "weight":
+        return f"cpu (pinned: {module._mapped_to} reads the rows it needs in place)"
     if tensor.device.type == "cpu" and getattr(module, "_in_cpu_tower", False):
         return "cpu (run there when a picture or sound arrives)"
     return str(tensor.device)

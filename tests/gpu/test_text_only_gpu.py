@@ -17,13 +17,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 ON_A_CARD = r"""
 import json, sys, time
 import psutil, torch
-from helpers import cards, decoding, loading, measure
+from helpers import cards, decoding, loading, measure, placement
 
 card_gb, towers, head = float(sys.argv[1]), sys.argv[2], sys.argv[3]
 cards.simulate(card_gb)
 began = time.perf_counter()
 model = loading.load_model("e4b-shape", "nf4", "cpu", device=0, towers=towers, head=head)
-loaded = {"load_s": round(time.perf_counter() - began, 1), "resident_bytes": torch.cuda.memory_allocated(0)}
+loaded = {"load_s": round(time.perf_counter() - began, 1), "resident_bytes": torch.cuda.memory_allocated(0),
+          "bytes_by_device": {str(d): b for d, b in placement.report(model).bytes_by_device().items()},
+          "table_mapped": getattr(model.get_input_embeddings(), "_mapped_to", None) is not None}
 ids = measure.prompt_ids(loading.load_tokenizer("e4b-shape"), 8192, 0)
 torch.cuda.reset_peak_memory_stats(0)
 run = decoding.TunedGreedy(model, decoding.Decoder(chunk=1024)).greedy(ids, 256)
@@ -105,6 +107,7 @@ def record():
 def test_e4b_text_only_with_an_nf4_head_loads_prefills_8k_and_decodes_256_on_a_4_gb_card(record):
     small = record["4 GB, text only, nf4 head"]
     assert small["resident_bytes"] < 4e9 and small["peak_reserved_bytes"] <= 4e9
+    assert small["table_mapped"]  # the GPU reads the token table in place: no copy of it on the card
     assert small["prompt"] == 8192 and small["new_tokens"] == 256 and small["distinct_tokens"] > 16
 
 
