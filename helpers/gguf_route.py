@@ -125,9 +125,10 @@ def converter_dir() -> Path:
                           capture_output=True, text=True)
     sdists = sorted(downloads.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"))
     if done.returncode != 0 or not sdists:
+        said = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", done.stderr).splitlines() if line.strip()]
         raise LlamaCppMissingError(
             f"Could not download llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}'s source to get llama.cpp's converter "
-            f"({done.stderr.strip().splitlines()[-1:] or 'no file'}): run `make llama-cpp`, or set {SOURCE_ENV} to a "
+            f"({said[-1] if said else 'pip wrote no file'}): run `make llama-cpp`, or set {SOURCE_ENV} to a "
             f"llama.cpp checkout.")
     converter = extract_converter(sdists[0], cache_dir() / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}")
     shutil.rmtree(downloads, ignore_errors=True)  # 76 MB, and pip keeps its own copy

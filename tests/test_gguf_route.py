@@ -7,6 +7,7 @@ Needs llama-cpp-python, gguf and llama.cpp's converter (``make llama-cpp`` insta
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,14 @@ def test_a_conversion_that_fails_midway_leaves_no_file_under_the_final_name(tiny
     with pytest.raises(CourseError, match="No space left"):
         gguf_route.convert(tiny_path, tmp_path / "out" / "tiny.gguf")
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_failed_converter_download_is_named_in_one_clean_sentence_without_pips_colour_codes(monkeypatch, tmp_path):
+    # pip colours its last line: the learner saw "(['\x1b[0m'])" in place of why the download failed
+    monkeypatch.setattr(gguf_route, "find_converter", lambda: None)
+    monkeypatch.setattr(gguf_route, "cache_dir", lambda: tmp_path)
+    failed = subprocess.CompletedProcess([], 1, "", "\x1b[31mERROR: No matching distribution found\x1b[0m\n\x1b[0m\n")
+    monkeypatch.setattr(gguf_route.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(LlamaCppMissingError) as missing:
+        gguf_route.converter_dir()
+    assert "(ERROR: No matching distribution found)" in str(missing.value) and "\x1b" not in str(missing.value)

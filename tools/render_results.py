@@ -130,7 +130,7 @@ def render_notebooks(record: dict) -> str:
     lines += [f"On {gpu}, {date}, transformers {tf}, bitsandbytes {bnb}: `{command}`." for gpu, date, tf, bnb, command in runs]
     failed = [f"- {label}, `{name}` {cell}: `{why}`" for label in labels for name, cell, why in failed_cells(record["model"], label)]
     if failed:
-        lines += ["", "Cells that failed, from the run's JUnit files:", *failed]
+        lines += ["", "Cells that failed, from the JUnit files kept beside the record:", *failed]
     return "\n".join(lines)
 
 
@@ -516,11 +516,71 @@ def render_release_probe(probe: dict) -> str:
             f"`CARD_GB={probe['card_gb']:g} python tools/gpu_release_probe.py`): {steps}.")
 
 
+TEXT_ONLY = "text-only-"  # data/gpu-tier/text-only-<model>.json: tests/gpu/test_text_only_gpu.py
+FINE_TUNING = "fine-tuning-"  # data/gpu-tier/fine-tuning-<model>-<card>gb.json: tests/gpu/test_fine_tuning_gpu.py
+
+
+def render_text_only(model: str, record: dict) -> str:
+    runs = [(label, run) for label, run in record.items() if isinstance(run, dict) and "card_gb" in run]
+    lines = [f"**{model}, text only on a small card** (`GPU_RECORD=1 python -m pytest tests/gpu/test_text_only_gpu.py`, "
+             f"{record['gpu']}, {record['date']}): NF4, PLE on the CPU, an 8,192-token prompt prefilled in chunks of "
+             "1,024, then 256 greedy tokens with the CUDA-graph step.", "",
+             "| run | towers | head | GPU resident (GB) | peak reserved (GB) | host RSS (GB) | prefill | decode |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, run in runs:
+        lines.append(f"| {label} | {run['towers']} | {run['head']} | {gb(run['resident_bytes'])} | "
+                     f"{gb(run['peak_reserved_bytes'])} | {gb(run['host_rss_bytes'])} | {run['prefill_s']:.2f} s | "
+                     f"{run['decode_tokens_per_s']:.1f} tokens/s |")
+    heads = record["heads"]
+    exact = "identical" if heads["bf16"]["identical"] else "NOT identical"
+    control = "reported as different" if not heads["bf16-one-ulp"]["identical"] else "NOT told apart"
+    lines += ["", f"The untied bf16 head gives the tied model's logits: **{exact}** over {heads['bf16']['steps']} greedy "
+              f"steps ({heads['distinct_tokens']} distinct tokens); the control, one ulp in the head's first chosen row, "
+              f"is {control}. The quantized heads are not exact; against the bf16 head, teacher-forced on its tokens:", "",
+              "| head | top-1 agreement | RMS logit difference | largest logit difference | tokens first part at step |",
+              "|---|---|---|---|---|"]
+    for head in ("int8", "nf4", "nf4-shuffled-rows"):
+        row = heads[head]
+        label = "control: NF4, rows shuffled" if head == "nf4-shuffled-rows" else head
+        parted = row.get("tokens_first_part_at", "-")
+        lines.append(f"| {label} | {row['top1_agreement']:.1%} | {row['rms_logit_difference']:.3f} | "
+                     f"{row['max_logit_difference']:.3f} | {'never' if parted is None else parted} |")
+    return "\n".join(lines)
+
+
+def render_fine_tuning(paths: list) -> str:
+    from helpers import records
+
+    cards = sorted((records.read_json(path) for path in paths), key=lambda record: record["card_gb"])
+    first = cards[0]
+    lines = [f"**QLoRA on {first['model']}** (`GPU_RECORD=1 python -m pytest tests/gpu/test_fine_tuning_gpu.py`, "
+             f"{first['gpu']}, {first['recorded_at'][:10]}, torch {first['torch']}): NF4, PLE on the CPU, LoRA on the text "
+             f"decoder, gradient checkpointing, {first['optimizer']}; each card one process, sequences tried in "
+             "ascending order until the first out-of-memory error.", "",
+             "| card | sequence | outcome | peak (GB) | planner's peak (GB) | steps/s | loss, first to last step |",
+             "|---|---|---|---|---|---|---|"]
+    for card in cards:
+        for row in card["runs"]:
+            measured = ["-", "-", "-"]
+            if row["outcome"] == "trained":
+                measured = [gb(row["peak_bytes"]), f"{row['steps_per_second']:.2f}",
+                            f"{row['losses'][0]:.2f} to {row['losses'][-1]:.2f}"]
+            lines.append(f"| {card['card_gb']:g} GB | {row['sequence']:,} | {row['outcome']} | {measured[0]} | "
+                         f"{gb(row['predicted_peak_bytes'])} | {measured[1]} | {measured[2]} |")
+    lines += ["", "The planner's safe training sequence against the largest trained: " + ", ".join(
+        f"{card['card_gb']:g} GB {card['planner']['safe_context']:,} tokens against {card['largest_sequence']:,}"
+        for card in cards) + "."]
+    return "\n".join(lines)
+
+
 def render() -> str:
     from helpers import records
 
     blocks = [render_benchmark(), render_issue15()]
-    for path in sorted(GPU_TIER_DIR.glob("*.json")):
+    fine_tuning = sorted(GPU_TIER_DIR.glob(f"{FINE_TUNING}*.json"))
+    if fine_tuning:
+        blocks.append(render_fine_tuning(fine_tuning))
+    for path in sorted(set(GPU_TIER_DIR.glob("*.json")) - set(fine_tuning)):
         record = records.read_json(path)  # one sentence where a kill cut it short
         if path.stem.startswith("notebooks-"):
             blocks.append(render_notebooks(record))
@@ -534,12 +594,30 @@ def render() -> str:
             blocks.append(render_determinism(record))
         elif path.stem.startswith(CAPTURE_PROBE):
             blocks.append(render_capture_probe(record))
+        elif path.stem.startswith(TEXT_ONLY):
+            blocks.append(render_text_only(path.stem.removeprefix(TEXT_ONLY), record))
         elif path.stem.startswith(TRIM_PROBE):
             blocks.append(render_trim_probe(path.stem.removeprefix(TRIM_PROBE), record))
         else:
             blocks.append(render_record_set(path.stem, record))
     body = "\n\n".join(blocks) if blocks else "_No GPU records yet: run `GPU_RECORD=1 make test-gpu` on a GPU._"
     return f"{START}\n{body}\n{END}"
+
+
+def text_only_headline() -> list:
+    from helpers import records
+
+    path = GPU_TIER_DIR / f"{TEXT_ONLY}e4b-shape.json"
+    if not path.exists():
+        return []
+    record = records.read_json(path)
+    small, heads = record["4 GB, text only, nf4 head"], record["heads"]
+    return [f"- **E4B on a 4 GB card:** text only with an NF4 head, {gb(small['resident_bytes'])} GB resident and "
+            f"{gb(small['peak_reserved_bytes'])} GB reserved at most while it prefilled {small['prompt']:,} tokens and "
+            f"decoded {small['new_tokens']} at {small['decode_tokens_per_s']} tokens/s; a bf16 head keeps the logits "
+            f"{'identical' if heads['bf16']['identical'] else 'DIFFERENT'}, the NF4 head agrees on "
+            f"{heads['nf4']['top1_agreement']:.0%} of top-1 tokens (`GPU_RECORD=1 python -m pytest tests/gpu/test_text_only_gpu.py`, "
+            f"{record['gpu']})."]
 
 
 def render_headline() -> str:
@@ -575,7 +653,7 @@ def render_headline() -> str:
               f"(`make bench PRESET=long-context`).",
               f"- **Decoding:** {graphs.get('decode_tokens_per_s')} tokens/s with the CUDA-graph step against "
               f"{plain} for plain `generate`, {graphs.get('decode_tokens_per_s', 0) / plain:.1f}x in the same run "
-              f"(`make bench PRESET=decode-speed`).", HEADLINE_END]
+              f"(`make bench PRESET=decode-speed`).", *text_only_headline(), HEADLINE_END]
     return "\n".join(lines)
 
 
