@@ -35,7 +35,7 @@ from .placement import require_model
 # generate's own cache; the same without the config (every layer keeps every token); preallocated, written in place
 CACHE_KINDS = ("dynamic", "dynamic-without-config", "static")
 GROUPED_SDPA = "course_grouped_sdpa"
-DEFAULT_CHUNK = 2048  # the prefill chunk the earlier H200 measurements used (issue 15)
+DEFAULT_CHUNK = 2048  # the prefill chunk of the recorded H200 long-context runs
 
 
 def text_config_of(model):

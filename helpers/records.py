@@ -148,7 +148,7 @@ def _rate(point: dict) -> str:
 
 
 def long_context_goal(model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> list:
-    """Issue 15's first goal in sentences, from the long-context preset's newest records: the conversation that
+    """The long-context goal in sentences, from the long-context preset's newest records: the conversation that
     fills the model's positions on a simulated 8 GB card against the same code uncapped (and its control, where the
     run had one), the plain path on that card, and what each path cost at the longest prompt. [] before the run."""
     recorded = preset_records("long-context", model, directory)

@@ -147,8 +147,8 @@ def _decode(model="e4b-shape", ple="cpu", **settings) -> Configuration:
 
 
 def presets() -> dict:
-    """Named parts of the grid, each meant to finish within 10 minutes on one H200 (the issue-15 presets'
-    estimates are in the report of that issue and in tests/test_bench.py)."""
+    """Named parts of the grid, each meant to finish within 10 minutes on one H200 (their estimates are checked in
+    tests/test_bench.py)."""
     return {
         "quick": [Configuration("e4b-shape", "nf4", ple, contexts=(512, 2048)) for ple in PLACEMENTS],
         "memory": [Configuration(model, quant, ple, contexts=MEMORY_CONTEXTS, new_tokens=32)

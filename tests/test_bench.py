@@ -128,13 +128,13 @@ def test_every_record_has_the_issue_keys_even_when_loading_runs_out_of_memory(tm
     assert all(c.ratios["resident"] is None for c in comparisons)
 
 
-# --------------------------------------------------------------------------- issue 15's presets
+# --------------------------------------------------------------------------- the long-context and speed presets
 
 ISSUE_15 = ("long-context", "long-context-8gb", "long-context-cards", "decode-speed", "decode-speed-inductor",
             "decode-speed-more", "decode-speed-e2b")
 
 
-def test_every_issue_15_preset_is_estimated_to_finish_within_ten_minutes_on_the_gpu_the_speeds_were_recorded_on():
+def test_every_long_context_and_speed_preset_is_estimated_to_finish_within_ten_minutes_on_the_gpu_the_speeds_were_recorded_on():
     for name in ISSUE_15:
         total = sum(bench.estimate_seconds(config) for config in bench.presets()[name])
         assert 60 < total < 600, (name, total)

@@ -352,9 +352,9 @@ def render_benchmark() -> str:
     return "\n".join(lines).rstrip()
 
 
-def render_issue15() -> str:
-    """Long prompts and decoding speed: the planner's prediction (derived, not measured) and whatever the issue-15
-    presets have recorded; what is not measured yet says so, with the command that measures it."""
+def render_long_context_and_speed() -> str:
+    """Long prompts and decoding speed: the planner's prediction (derived, not measured) and whatever the long-context
+    and decode-speed presets have recorded; what is not measured yet says so, with the command that measures it."""
     from helpers import long_context, measure, planner, records
 
     lines = ["**Long prompts** (E4B-shaped, NF4, PLE on the CPU, prefill in chunks of "
@@ -576,7 +576,7 @@ def render_fine_tuning(paths: list) -> str:
 def render() -> str:
     from helpers import records
 
-    blocks = [render_benchmark(), render_issue15()]
+    blocks = [render_benchmark(), render_long_context_and_speed()]
     fine_tuning = sorted(GPU_TIER_DIR.glob(f"{FINE_TUNING}*.json"))
     if fine_tuning:
         blocks.append(render_fine_tuning(fine_tuning))
