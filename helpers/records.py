@@ -411,10 +411,55 @@ def _determinism(directory: Path) -> Table:
                  f"{probe['command']} ({probe['gpu']}, {probe['date']})")
 
 
+def _gguf_route(directory: Path) -> Table:
+    e4b = gguf_route("e4b-shape", directory)
+    ple = e4b["ple_tensor"]
+    buffers = ", ".join(f"{name} {size / 1e9:.2f}" for name, size in e4b["model_buffers_bytes"].items())
+    rows = (("Q4_K_M file", f"{e4b['q4_k_m_bytes'] / 1e9:.2f} GB"),
+            (f"PLE table ({ple['name']})", f"{ple['type']}, {ple['bytes'] / 1e9:.2f} GB"),
+            ("model buffers", f"{buffers} GB"),
+            ("process memory added by loading", f"{e4b['rss_added_by_load_bytes'] / 1e9:.2f} GB"),
+            (f"... and after {e4b['prompt_tokens']} + {e4b['new_tokens']} tokens", f"{e4b['rss_added_after_generate_bytes'] / 1e9:.2f} GB"))
+    return Table(("E4B-shaped, llama.cpp", "recorded"), rows, e4b["command"])
+
+
+def _route_comparison(directory: Path) -> Table:
+    """The two routes side by side, each figure labelled where it was measured (recorded) or who published it
+    (cited): E4B-shaped on the H200 and a CPU here, the seed article's RTX 4060."""
+    e4b, hf = gguf_route("e4b-shape", directory), speed_record("e4b-shape", "ple-cpu")
+    resident = gpu_tier_host("e4b-shape", "nf4")["ple-cpu"]["host_generate_file_peak_bytes"]  # page cache in use
+    cited = {row["quantity"]: row["llama.cpp"] for row in cited_route_comparison(directory)["rows"]}
+    ple, cpu = e4b["ple_tensor"], f"{e4b['threads']}-core CPU"
+    ple_bf16 = ple["shape"][0] * ple["shape"][1] * 2
+    prefill = hf["prefill"][0]
+    rows = (("file", f"{e4b['checkpoint_bytes'] / 1e9:.1f} GB bf16 safetensors (recorded)",
+             f"{e4b['q4_k_m_bytes'] / 1e9:.2f} GB Q4_K_M (recorded)"),
+            ("GPU memory, weights", f"{hf['resident_bytes'] / 1e9:.2f} GB, H200 (recorded)", f"{cited['GPU memory']}, RTX 4060 (cited)"),
+            ("host memory, PLE table", f"{ple_bf16 / 1e9:.2f} GB bf16, memory-mapped, {resident / 1e9:.2f} GB resident (recorded)",
+             f"{ple['bytes'] / 1e9:.2f} GB {ple['type']}, mapped (recorded)"),
+            ("load", f"{hf['load_s']} s, H200 (recorded)", f"{e4b['load_seconds']:.1f} s, {cpu} (recorded)"),
+            ("prefill, tokens/s", f"{prefill['tokens_per_s']:,} at {prefill['context']} tokens, H200 (recorded)",
+             f"{e4b['prefill_tokens_per_s']} at {e4b['prompt_tokens']} tokens, {cpu} (recorded)"),
+            ("decode, tokens/s", f"{hf['decode_tokens_per_s']}, H200 (recorded)",
+             f"{e4b['decode_tokens_per_s']}, {cpu} (recorded); RTX 4060: {cited['decode speed']} (cited)"),
+            ("multimodal", "the processor: images, audio (notebook 07)",
+             "a separate mmproj GGUF (converter --mmproj) and libmtmd; not run here"),
+            ("fine-tuning", "PEFT/LoRA on the loaded model (notebook 10)", f"{cited['fine-tuning']} (cited)"))
+    return Table(("", "transformers, NF4, PLE on the CPU", f"llama.cpp, Q4_K_M ({cpu} unless cited)"), rows,
+                 f"{e4b['command']}; {hf['command']}")
+
+
+def _cited_route_comparison(directory: Path) -> Table:
+    cited = cited_route_comparison(directory)
+    rows = tuple((row["quantity"], row["transformers"], row["llama.cpp"]) for row in cited["rows"])
+    return Table(("as the seed article has it", "transformers", "llama.cpp"), rows, f"cited: {cited['source']}")
+
+
 TABLES = {"ple-offload": (_ple_offload, GPU_TIER_DIR), "decode-by-route": (_decode_by_route, MEASUREMENTS_DIR),
           "determinism": (_determinism, GPU_TIER_DIR), "gpu-tier-memory": (_gpu_tier_memory, GPU_TIER_DIR),
           "decode-speed": (_decode_speed, MEASUREMENTS_DIR), "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
-          "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR)}
+          "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR), "gguf-route": (_gguf_route, GGUF_DIR),
+          "route-comparison": (_route_comparison, GGUF_DIR), "cited-route-comparison": (_cited_route_comparison, GGUF_DIR)}
 
 
 def table(name: str, directory: Path | None = None) -> Table:
