@@ -127,13 +127,13 @@ def check_single_device(model) -> torch.device:
                           f"in at every forward): removing the hooks would break it; load with "
                           f"loading.load_model(..., ple='cpu'), which keeps every other weight on the GPU.")
     tables = set(placement.ple_module_names(model))
-    served = [name for name, module in model.named_modules() if placement.runs_on_cpu(module)]
+    served = placement.served_from_host(model)
     devices, table_devices = set(), {}
     for name, param in model.named_parameters():
         module = name.rsplit(".", 1)[0]
         if module in tables:
             table_devices[module] = param.device
-        elif not any(module == s or module.startswith(s + ".") for s in served):
+        elif not placement.within(module, served):
             devices.add(param.device)
     if len(devices) != 1:
         raise TunedDecodeError(f"The model's weights are spread over {sorted(map(str, devices))}: the hooks move them at "

@@ -334,12 +334,22 @@ def has_cpu_lookup(module) -> bool:
     return getattr(module, "_ple_compute_device", None) is not None
 
 
+def served_from_host(model) -> list:
+    """Names of the modules the course serves from host memory (a table's CPU lookup, a tower run on the CPU)."""
+    return [name for name, module in model.named_modules() if runs_on_cpu(module)]
+
+
+def within(name: str, modules: list) -> bool:
+    """Whether the module or parameter ``name`` is one of ``modules`` or inside one."""
+    return any(name == module or name.startswith(module + ".") for module in modules)
+
+
 def compute_device_of(model) -> torch.device:
     """Where the decoder layers run (the first parameter that is not the PLE table or another module the course
     serves from host memory)."""
-    served = [name for name, module in model.named_modules() if runs_on_cpu(module)]
+    served = served_from_host(model)
     for name, param in model.named_parameters():
-        if PLE_SUFFIX in name or param.device.type == "meta" or any(name.startswith(s + ".") for s in served):
+        if PLE_SUFFIX in name or param.device.type == "meta" or within(name, served):
             continue
         return param.device
     return torch.device("cpu")

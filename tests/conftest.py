@@ -53,3 +53,20 @@ def tiny_tokenizer(tiny_path):
 def tiny_prompt(tokenizer, text="Where does the PLE table live?"):
     messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+
+
+def write_small_gguf(path, rows: int = 16):
+    """A valid GGUF holding only a zero PLE tensor (rows x rows, float32), written by gguf's own writer: the
+    starting point the bad-input tests cut short or corrupt."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from helpers import gguf_route
+
+    writer = GGUFWriter(str(path), "gemma4")
+    writer.add_tensor(gguf_route.PLE_TENSOR, np.zeros((rows, rows), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_small_gguf
 
 from helpers import (
     anatomy,
@@ -84,15 +85,7 @@ class Inputs:
         elif kind == "not-gguf":
             path.write_text("this is a safetensors file, honest")
         elif kind == "truncated":
-            import numpy as np
-            from gguf import GGUFWriter
-
-            writer = GGUFWriter(str(path), "gemma4")
-            writer.add_tensor(gguf_route.PLE_TENSOR, np.zeros((64, 64), np.float32))
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-            writer.close()
+            write_small_gguf(path, rows=64)
             path.write_bytes(truncated(path.read_bytes()))
         return path
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_small_gguf
 
 pytest.importorskip("hypothesis", reason="hypothesis is in requirements-dev.txt; the GPU box's wheels carry none")
 from hypothesis import given, settings  # noqa: E402
@@ -199,17 +200,9 @@ def test_the_long_context_paths_still_run_a_good_prompt(model):
 # ------------------------------------------------------------------ gguf_route's readers
 
 def real_gguf(folder: Path) -> bytes:
-    import numpy as np
-    from gguf import GGUFWriter
-
     path = folder / "real.gguf"
     if not path.exists():
-        writer = GGUFWriter(str(path), "gemma4")
-        writer.add_tensor(gguf_route.PLE_TENSOR, np.zeros((16, 16), np.float32))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        write_small_gguf(path)
     return path.read_bytes()
 
 
