@@ -6,6 +6,8 @@ accelerate's hooks taken off once placement is fixed (each is a graph break), a 
 graph can replay), and the step captured once per phase as a ``torch.cuda.CUDAGraph`` (``StepGraphs``) and replayed:
 the same kernels, so the same bits. Sliding-window counters are pinned around the step so that a graph is not
 recorded per token, and the PLE rows and masks are prepared outside it; ``PLE_OPTIONS`` lists ways to avoid even that.
+``Decoder(host_free=True)`` takes one: the step reads its own token, gathers its rows from tables the GPU reads in
+place, and writes its successor; the masks are made before the loop, so the host never waits inside it.
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ PLE_OPTIONS = {
         "argmax on the GPU, the id to the host (one device-to-host sync per token), the rows gathered on the CPU into "
         "pinned memory and copied without blocking into the input the graph reads: `rows = table.index_select(0, "
         "ids_cpu); gpu_rows.copy_(rows.pin_memory(), non_blocking=True)`",
-    "zero-copy gather from pinned host memory":
-        "the whole table pinned once (cudaHostRegister) is addressable by GPU kernels across the bus, so a gather "
-        "kernel could read one token's rows without the id leaving the GPU; PyTorch has no public operator for it "
-        "(a custom Triton or CUDA kernel), and the whole table must stay locked in host memory",
+    "zero-copy gather from pinned host memory (Decoder(host_free=True))":
+        "the whole table pinned once is addressable by GPU kernels across the bus (CUDA's unified addressing), so "
+        "torch's own embedding kernel reads one token's rows through a CUDA view of the pinned pages "
+        "(placement.mapped_view) without the id leaving the GPU; the whole table stays locked in host memory",
     "prefetch the next rows":
         "overlap the host lookup of step t+1 with work of step t that does not need its rows: every layer needs "
         "them, so only the copy can overlap, not the sync",
@@ -63,14 +65,19 @@ class Decoder:
     ple_outside: bool = True  # the PLE rows computed outside the compiled step
     fullgraph: bool = True  # a graph break is an error, not a silent slowdown
     chunk: int | None = None  # prefill chunk (None: one forward)
+    host_free: bool = False  # the token, its rows, positions and masks stay on the GPU: the host never waits
 
     def __post_init__(self):
         if self.compile not in COMPILE_MODES:
             require_choice(self.compile, [m for m in COMPILE_MODES if m], "compile")
-        for name in ("remove_hooks", "ple_outside", "fullgraph"):
+        for name in ("remove_hooks", "ple_outside", "fullgraph", "host_free"):
             require_bool(getattr(self, name), name)
         if self.chunk is not None:
             require_whole_number(self.chunk, "chunk", unit="tokens")
+        if self.host_free and (self.compile not in (None, "cudagraphs") or not self.ple_outside):
+            raise InvalidChoiceError(f"Decoder(host_free=True) runs the step eagerly or in a CUDA graph with the rows "
+                                     f"gathered from the step's own token: leave compile={self.compile!r} and "
+                                     f"ple_outside={self.ple_outside!r} at their defaults (or compile=None).")
 
     def check_quant(self, quant: str) -> None:
         """Refuse, before anything is loaded, a quantization these settings cannot decode: bitsandbytes' int8 layers
@@ -84,7 +91,7 @@ class Decoder:
 
     def label(self) -> str:
         return f"compile={self.compile or 'none'}, hooks {'removed' if self.remove_hooks else 'kept'}, " \
-               f"PLE {'outside' if self.ple_outside else 'inside'} the step"
+               f"PLE {'outside' if self.ple_outside else 'inside'} the step" + (", host-free" if self.host_free else "")
 
 
 # --------------------------------------------------------------------------- accelerate's hooks
@@ -375,7 +382,17 @@ class TunedGreedy:
         self.eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.cache_name = cache_argument(model)
         self.step_forward = self._compiled(model.forward)
-        self.graphs = StepGraphs(model.forward, self.device) if settings.compile == "cudagraphs" else None
+        self.mapped_tables = []
+        if settings.host_free:
+            self.mapped_tables = placement.map_host_tables(model)
+            looked_up = [name for name, module in model.named_modules() if placement.has_cpu_lookup(module)]
+            if looked_up and self.device.type == "cuda":
+                raise TunedDecodeError(f"Decoder(host_free=True) needs the GPU to read {looked_up[0]!r} in place, and it "
+                                       f"cannot map that table's host pages here: decode with Decoder().")
+            self.eos_index = torch.tensor(self.eos, dtype=torch.long, device=self.device)
+            self.next_token = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        forward = self._host_free_forward if settings.host_free else model.forward
+        self.graphs = StepGraphs(forward, self.device) if settings.compile == "cudagraphs" else None
         self._cache, self._cache_len = None, None
 
     def _compiled(self, forward):
@@ -426,6 +443,68 @@ class TunedGreedy:
             out = self.step_forward(**inputs)
         return out.logits[:, -1].clone()  # a CUDA graph's output is overwritten by its next replay
 
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """``_next_token`` with the stop ids as a tensor made once: no list copied from the host inside a graph."""
+        return logits.clone().index_fill_(-1, self.eos_index, -float("inf")).argmax(-1, keepdim=True)
+
+    def _host_free_forward(self, token, **inputs):
+        """One step from the token the previous step chose, in place: its rows gathered on the GPU, its successor
+        written into ``next_token`` for the next step (a captured graph writes the same address at each replay)."""
+        out = self.model(**text_inputs(self.model, token), **inputs)
+        self.next_token.copy_(self._pick(out.logits[:, -1]))
+        return out
+
+    def _masks_ahead(self, cache, mask_2d, positions: list, start: int) -> list:
+        """The masks of every decode step, made before the loop: transformers reads its masks on the host
+        (``padding_mask.all()``), a wait per token inside it. Each is made with the cache's counters (the layers'
+        ``cumulative_length`` tensors and the sliding layers' ints, all the masks read) as they will stand at that
+        step, so they are the masks the step would make itself; the counters are put back after."""
+        counters = [(layer, name, getattr(layer, name)) for layer in cache.layers
+                    for name in ("cumulative_length", "cumulative_length_int") if hasattr(layer, name)]
+        empty = torch.empty((1, 1, 0), dtype=self.model.dtype, device=self.device)
+        masks = []
+        try:
+            for step, position in enumerate(positions):
+                for layer, name, count in counters:
+                    setattr(layer, name, count + step)  # a new tensor for a tensor counter: the original stays as is
+                masks.append(self.model.create_masks_for_generate(self.model.config, empty,
+                                                                  mask_2d[:, :start + step + 1], cache, position))
+        finally:
+            for layer, name, count in counters:
+                setattr(layer, name, count)
+        return masks
+
+    def _greedy_host_free(self, ids, new_tokens: int, keep_logits: bool, cache, mask_2d) -> GreedyRun:
+        start = ids.shape[1]
+        positions = list(torch.arange(start, start + new_tokens - 1, device=self.device).view(-1, 1, 1))
+        produced = torch.zeros(new_tokens, dtype=torch.long, device=self.device)
+        vocabulary = self.model.get_output_embeddings().out_features
+        kept = torch.empty((new_tokens, vocabulary), dtype=torch.float32,
+                           pin_memory=self.device.type == "cuda") if keep_logits else None
+        with torch.no_grad():
+            synchronize(self.device)
+            began = time.perf_counter()
+            logits = self._prefill(ids, cache)
+            synchronize(self.device)
+            prefilled = time.perf_counter()
+            masks = self._masks_ahead(cache, mask_2d, positions, start)
+            self.next_token.copy_(self._pick(logits))
+            for step in range(new_tokens):
+                produced[step:step + 1].copy_(self.next_token[0])
+                if keep_logits:
+                    kept[step].copy_(logits[0].float(), non_blocking=True)
+                if step + 1 < new_tokens:
+                    inputs = {"token": self.next_token, "attention_mask": masks[step], "position_ids": positions[step],
+                              "use_cache": True, "logits_to_keep": 1, self.cache_name: cache}
+                    if self.graphs is not None:
+                        logits = self.graphs(cache, inputs)
+                    else:
+                        with pinned_sliding_counters(cache):
+                            logits = self._host_free_forward(**inputs).logits[:, -1].clone()
+            synchronize(self.device)
+            done = time.perf_counter()
+        return GreedyRun(produced.tolist(), kept, prefilled - began, done - prefilled)
+
     def greedy(self, ids: torch.Tensor, new_tokens: int, *, keep_logits: bool = False,
                cache_length: int | None = None) -> GreedyRun:
         """Exactly ``new_tokens`` greedy tokens after ``ids`` (batch 1). ``cache_length``: the static cache's length
@@ -443,6 +522,8 @@ class TunedGreedy:
         total = cache_length or total
         cache = self.cache(total)
         mask_2d = torch.ones((1, total), dtype=torch.long, device=self.device)
+        if self.settings.host_free:
+            return self._greedy_host_free(ids, new_tokens, keep_logits, cache, mask_2d)
         tokens, kept = [], []
         with torch.no_grad():
             synchronize(self.device)

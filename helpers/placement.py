@@ -330,6 +330,24 @@ def install_mapped_table(module, compute_device) -> bool:
     return True
 
 
+def map_host_tables(model) -> list:
+    """Turn every table the course looks up on the CPU into one its GPU reads in place (``install_mapped_table``),
+    so that a decode step can gather rows without the ids leaving the GPU. The names of the tables changed; a
+    table whose GPU cannot map host pages keeps its CPU lookup. Nothing changes on a CPU."""
+    mapped = []
+    for name, module in model.named_modules():
+        device = getattr(module, "_ple_compute_device", None)
+        if device is None or device.type != "cuda":
+            continue
+        lookup = module.__dict__.pop("forward")  # the class's own forward runs on the GPU view
+        module._ple_compute_device = None
+        if install_mapped_table(module, device):
+            mapped.append(name)
+        else:
+            module.forward, module._ple_compute_device = lookup, device
+    return mapped
+
+
 def has_cpu_lookup(module) -> bool:
     return getattr(module, "_ple_compute_device", None) is not None
 

@@ -28,6 +28,8 @@ Decoding speed (``helpers.decoding``): ``--decode MODE`` times greedy decoding o
   cudagraphs       the tuned loop's step captured with ``torch.cuda.CUDAGraph`` (``decoding.StepGraphs``): the eager
                    kernels replayed with one launch per token
   reduce-overhead  compiled with ``mode="reduce-overhead"``: Inductor's fused kernels in CUDA graphs
+  host-free        the CUDA-graph step fed by the GPU: each step's token, its PLE rows (tables read in place in
+                   pinned host memory), positions and masks never wait for the host, so replays queue ahead
 ``--profile-trace PATH`` also writes a ``torch.profiler`` Chrome trace of ``--profile-steps`` decode steps.
 """
 
@@ -67,7 +69,8 @@ from .records import environment
 ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nudged", "ple-cpu-fp16")
 # --decode modes: None = plain generate; otherwise decoding.Decoder's compile setting
 DECODE_MODES = {"generate": None, "generate-static": None, "loop": None, "dynamo": "eager", "cudagraphs": "cudagraphs",
-                "reduce-overhead": "reduce-overhead"}
+                "reduce-overhead": "reduce-overhead", "host-free": "cudagraphs"}
+HOST_FREE_MODES = ("host-free",)  # decoding.Decoder(host_free=True): nothing read on the host inside the loop
 
 
 def path_settings(path: str | None, chunk: int = DEFAULT_CHUNK) -> LongContext | None:
@@ -129,7 +132,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
     the greedy run's logits for a bit-for-bit comparison with another route. ``path``, ``prefill_chunk``:
     long prompts; ``decode``, ``greedy_context``, ``profile_trace``: decoding speed (the module's docstring)."""
     if DECODE_MODES.get(decode):
-        decoding.Decoder(compile=DECODE_MODES[decode]).check_quant(quant)  # before anything is loaded
+        decoding.Decoder(compile=DECODE_MODES[decode], host_free=decode in HOST_FREE_MODES).check_quant(quant)  # before loading
     checkpoint = models.resolve(source)  # once; a synthetic checkpoint is built before any card-sized cap
     torch.cuda.init()
     index, device = device, torch.device("cuda", device)
@@ -298,8 +301,10 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
         def run(keep_logits: bool):
             return decoding.plain_greedy(model, ids, new_tokens, static_cache=static, keep_logits=keep_logits)
     else:
-        tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=DECODE_MODES[decode]))
+        tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=DECODE_MODES[decode], host_free=decode in HOST_FREE_MODES))
         record["hooks_removed"] = tuned.hooks_removed
+        if tuned.mapped_tables:
+            record["tables_read_in_place"] = tuned.mapped_tables
         graphs = tuned.graphs
 
         def run(keep_logits: bool):

@@ -126,3 +126,24 @@ def test_int8_is_refused_before_loading_and_by_a_loaded_model_in_one_sentence():
     result = capture_case("int8")
     assert "compile=None" in result["refused_before_loading"] and not result["captured"], result
     assert result["error"].startswith("TunedDecodeError") and "compile=None" in result["error"], result
+
+
+@pytest.mark.parametrize("prompt", [32, 4], ids=["window-full", "window-filling"])
+def test_the_host_free_step_reads_its_tables_in_place_and_gives_the_logits_of_generate_bit_for_bit(tokenizer, prompt):
+    ids = measure.prompt_ids(tokenizer, prompt, 0)
+    model = loading.load_model("tiny", quant="nf4", ple="cpu", device=0)
+    reference = decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
+    again = decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
+    steps = measure.self_consistent_steps(reference.logits, again.logits)
+    tuned = decoding.TunedGreedy(model, decoding.Decoder(host_free=True))
+    assert tuned.mapped_tables  # the PLE table in pinned host memory, read by the GPU in place
+    assert not torch.cuda.memory_allocated(0) > 0.5e9  # tiny: no copy of a table on the card
+    runs = [tuned.greedy(ids, NEW, keep_logits=True) for _ in range(2)]
+    assert steps >= NEW // 2 and len(set(reference.tokens)) > NEW // 4, (steps, reference.tokens)
+    for run in runs:
+        assert measure.compare_logits(reference.logits, run.logits, steps)["identical"]
+        assert run.tokens == reference.tokens
+    table = model.get_submodule(tuned.mapped_tables[0])
+    table.weight.data.view(torch.int16)[reference.tokens[1]] += 1  # the control: one ulp in a row the run reads
+    nudged = tuned.greedy(ids, NEW, keep_logits=True)
+    assert not measure.compare_logits(reference.logits, nudged.logits, steps)["identical"]
