@@ -1,7 +1,7 @@
 """The notebooks on every card size a learner brings, in parts that each fit one 10-minute call on an H200.
 
 Every size of ``helpers.cards.CARD_SIZES_GB`` (4 GB up) and the whole GPU, for e4b-shape and e2b-shape: a part is a
-few cards of one shape, run side by side by ``make test-gpu-cards`` (each card's notebooks in three groups, every
+few cards of one shape, run side by side by ``make test-gpu-cards`` (each card's notebooks in four groups, every
 kernel capped with CARD_GB) and recorded into data/gpu-tier/notebooks-<shape>.json, which the README renders as a
 card x notebook table.
 
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from helpers.cards import CARD_SIZES_GB  # noqa: E402
 
 SHAPES = ("e4b-shape", "e2b-shape")
-# three cards of nine notebook kernels each ran about four minutes side by side on the H200, plus both builds
+# three cards ran 271-442 s a call on the H200, both builds included (four groups each since notebook 10)
 CARDS_PER_PART = 3
 
 
