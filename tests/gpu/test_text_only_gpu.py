@@ -94,6 +94,7 @@ def record():
 
     synthetic.build("e4b-shape")
     found = {"4 GB, text only, nf4 head": run(ON_A_CARD, "4", "cpu", "nf4"),
+             "8 GB, text only, nf4 head": run(ON_A_CARD, "8", "cpu", "nf4"),  # the card apart from the variant
              "8 GB, the course's ple='cpu'": run(ON_A_CARD, "8", "gpu", "tied"),
              "heads": run(HEADS)}
     if os.environ.get("GPU_RECORD") == "1":
