@@ -113,7 +113,7 @@ test-gpu-notebooks:
 
 ## the notebooks on every card of GPU_CARDS at once, each card's notebooks in GPU_NOTEBOOK_GROUPS side by side:
 ## every process is capped, so they share one big GPU and the CPU cores (OMP_NUM_THREADS split between them)
-GPU_NOTEBOOK_GROUPS ?= 0[0-4] 0[56] 0[7-9] 1[0-9]
+GPU_NOTEBOOK_GROUPS ?= 0[0-3] 0[4-6] 0[7-9] 1[0-9]
 test-gpu-cards:
 	@# built once here, both at once (each by worker processes side by side): a build under an 8 GB cap would only wait on the others' lock
 	@PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) -m helpers.synthetic $${GEMMA_MODEL:-e4b-shape} & first=$$!; \
