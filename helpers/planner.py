@@ -33,7 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cards import CARDS, SYSTEM_RAM_ALLOWANCE_BYTES, budget_bytes
-from .errors import CourseError, require_bool, require_choice, require_module_names, require_positive_number, require_whole_number
+from .errors import (
+    CourseError,
+    RecordFileError,
+    require_bool,
+    require_choice,
+    require_module_names,
+    require_positive_number,
+    require_whole_number,
+)
 from .fine_tuning import ADAM_STATE_BYTES, RANK, adapter_shapes
 from .long_context import DEFAULT_CHUNK
 from .models import load_config as _load_config
@@ -390,6 +398,39 @@ def decode_bytes_per_token(config, quant: str = "nf4", ple: str = "cpu", context
     idle = ("vision tower", "audio tower", "PLE table")
     weights = sum(size for part, size in estimate.weights_by_part.items() if part not in idle)
     return int(weights + kv_cache_bytes(load_config(config), context))
+
+
+@dataclass(frozen=True)
+class DecodeRange:
+    """What one recorded decode step would give on a learner's card, batch 1."""
+    card: str
+    slowest_tokens_per_s: float  # the card reads the bytes, then the step's other time is added in full
+    fastest_tokens_per_s: float  # the other time hidden behind the reading: the card's bandwidth alone
+    bound: str  # "bandwidth" or "latency": the larger share of a token's time on this card
+
+    def __str__(self) -> str:
+        return (f"{self.card}: {self.slowest_tokens_per_s:.0f}-{self.fastest_tokens_per_s:.0f} tokens/s, "
+                f"{self.bound}-bound")
+
+
+DECODE_RECORD_KEYS = ("decode_tokens_per_s", "bytes_read_per_token", "copy_bandwidth_bytes_per_s")
+
+
+def decode_range(record: dict, card) -> DecodeRange:
+    """A card's decode speed from one recorded run (``make bench`` writes the three ``DECODE_RECORD_KEYS``). Each
+    token the card reads the record's bytes at its bandwidth (``cards.Card``); the step's other time is the
+    recorded time per token less the recording GPU's reading time at its measured copy bandwidth (host work,
+    launches, kernels that wait). It may hide behind the reading or add to it: the two ends of the range. The other
+    time was the recording machine's, whose host may be faster than a laptop's."""
+    missing = [key for key in DECODE_RECORD_KEYS if not record.get(key)]
+    if missing:
+        raise RecordFileError(f"This decode record has no {missing[0]}: take one from `make bench PRESET=decode-speed` "
+                          f"(records.preset_records('decode-speed')), which measures all of {', '.join(DECODE_RECORD_KEYS)}.")
+    reading_there = record["bytes_read_per_token"] / record["copy_bandwidth_bytes_per_s"]
+    other = max(1 / record["decode_tokens_per_s"] - reading_there, 0.0)
+    reading_here = record["bytes_read_per_token"] / (card.bandwidth_gb_s * 1e9)
+    return DecodeRange(card.name, 1 / (reading_here + other), 1 / max(reading_here, other),
+                       "bandwidth" if reading_here >= other else "latency")
 
 
 def chunked_peaks(contexts, model: str = "e4b-shape", quant: str = "nf4", ple: str = "cpu",

@@ -367,3 +367,25 @@ def test_bad_choices_are_refused_in_one_sentence(kwargs, message):
 
     with pytest.raises(CourseError, match=message):
         planner.choose(model="tiny", **kwargs)
+
+
+def test_a_cards_decode_range_is_bounded_by_its_bandwidth_or_by_the_steps_other_time():
+    from helpers.cards import Card
+
+    # 1 GB a token on a 1,000 GB/s recording GPU at 100 tokens/s: 1 ms reading, 9 ms other time
+    record = {"decode_tokens_per_s": 100.0, "bytes_read_per_token": 1e9, "copy_bandwidth_bytes_per_s": 1e12}
+    slow = planner.decode_range(record, Card("slow card", 8, 50))  # 20 ms reading
+    fast = planner.decode_range(record, Card("fast card", 8, 2000))  # 0.5 ms reading
+    assert slow.bound == "bandwidth" and fast.bound == "latency"
+    assert slow.fastest_tokens_per_s == pytest.approx(50) and slow.slowest_tokens_per_s == pytest.approx(1 / 0.029)
+    assert fast.fastest_tokens_per_s == pytest.approx(1 / 0.009) and fast.slowest_tokens_per_s == pytest.approx(1 / 0.0095)
+    # the recording GPU itself comes back to the recorded speed at the slow end
+    assert planner.decode_range(record, Card("itself", 8, 1000)).slowest_tokens_per_s == pytest.approx(100)
+
+
+def test_a_decode_record_without_its_bytes_or_bandwidth_is_refused_in_one_sentence():
+    from helpers.cards import Card
+    from helpers.errors import CourseError
+
+    with pytest.raises(CourseError, match="bytes_read_per_token"):
+        planner.decode_range({"decode_tokens_per_s": 70.0}, Card("RTX 4060", 8, 272))

@@ -413,7 +413,29 @@ def render_long_context_and_speed() -> str:
                   "of the bandwidth limit. Beside it, " + "; ".join(
                       f"{row['route']} on an {row['gpu']}: about {row['decode_tokens_per_s']} tokens/s" for row in cited["rows"])
                   + f" ({cited['source']})."]
-    return "\n".join(lines + render_inductor() + render_decode_elsewhere())
+    return "\n".join(lines + render_decode_on_cards(tuned) + render_inductor() + render_decode_elsewhere())
+
+
+DECODE_CARDS = ("RTX 4060", "RTX 4050 Laptop", "RTX 3060", "Colab T4", "RTX 3090")
+
+
+def render_decode_on_cards(tuned: dict) -> list:
+    """The recorded steps' speeds carried to learners' cards by the planner (derived, not measured)."""
+    from helpers import cards, planner, records
+
+    steps = {"CUDA-graph step": tuned, "host-free step": records.preset_records("decode-host-free").get("host-free", {})}
+    steps = {name: record for name, record in steps.items() if all(record.get(key) for key in planner.DECODE_RECORD_KEYS)}
+    if not steps:
+        return []
+    by_name = {card.name: card for card in cards.LEARNER_CARDS}
+    lines = ["", "On a learner's card (`planner.decode_range`: the recorded bytes per token at the card's bandwidth, with "
+             "the recorded step's other time hidden or added in full; derived, not measured; that other time was the "
+             "H200 host's):", "", "| card | " + " | ".join(steps) + " |", "|---|" + "---|" * len(steps)]
+    for name in DECODE_CARDS:
+        ranges = [planner.decode_range(record, by_name[name]) for record in steps.values()]
+        lines.append(f"| {name} ({by_name[name].bandwidth_gb_s:g} GB/s) | " + " | ".join(
+            f"{r.slowest_tokens_per_s:.0f}-{r.fastest_tokens_per_s:.0f} tokens/s, {r.bound}-bound" for r in ranges) + " |")
+    return lines
 
 
 def render_fragmentation(reached: dict) -> list:
