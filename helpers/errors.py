@@ -72,6 +72,12 @@ class InsufficientGPUMemoryError(CourseError):
     entry = "out-of-memory-at-load"
 
 
+class HostMemoryError(CourseError):
+    """Not enough free host RAM to pin a table the GPU should read in place."""
+
+    entry = "not-enough-host-memory-to-pin-a-table"
+
+
 class OutdatedTransformersError(CourseError):
     """A transformers release without Gemma 4."""
 

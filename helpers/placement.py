@@ -20,6 +20,7 @@ import torch
 from .errors import (
     CudaUnavailableError,
     DeviceMapKeyError,
+    HostMemoryError,
     InvalidChoiceError,
     NoPLETableError,
     require_bool,
@@ -285,6 +286,15 @@ def install_cpu_lookup(module, compute_device) -> None:
     module.forward = types.MethodType(cpu_lookup_forward, module)
 
 
+PIN_MARGIN_BYTES = 1_000_000_000  # host RAM left free beside a table's pinned copy
+
+
+def free_host_bytes() -> int:
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
 class _PinnedPages:
     """``__cuda_array_interface__`` over a pinned host tensor, whose address the GPU shares under CUDA's unified
     addressing; it keeps the tensor alive for as long as torch keeps the view."""
@@ -295,12 +305,18 @@ class _PinnedPages:
                                          "data": (host.data_ptr(), False), "strides": None}
 
 
-def mapped_view(host: torch.Tensor, device) -> torch.Tensor | None:
+def mapped_view(host: torch.Tensor, device, instead: str = "") -> torch.Tensor | None:
     """A CUDA tensor over ``host``'s pinned pages: kernels on ``device`` read in place over the bus, so a gather
     moves only the rows it needs and no GPU memory is allocated. None where the GPU cannot map them (no unified
-    addressing): the caller keeps its CPU lookup. 16-bit tensors only (the tables are bf16)."""
+    addressing). Pinning copies an unpinned tensor once: without that much free RAM again, a ``HostMemoryError``
+    whose fix ends with ``instead``. 16-bit tensors only (the tables are bf16)."""
     if host.element_size() != 2 or not host.is_contiguous():
         return None
+    size = host.numel() * host.element_size()
+    if not host.is_pinned() and free_host_bytes() < size + PIN_MARGIN_BYTES:
+        raise HostMemoryError(f"Pinning a {size / 1e9:.1f} GB table for the GPU to read in place copies it once, and "
+                              f"{free_host_bytes() / 1e9:.1f} GB of host RAM is free (that much again and "
+                              f"{PIN_MARGIN_BYTES / 1e9:.0f} GB are needed): close other programs or notebooks{instead}.")
     try:
         pinned = host if host.is_pinned() else host.pin_memory()
         view = torch.as_tensor(_PinnedPages(pinned.view(torch.int16)), device=device).view(host.dtype)
@@ -309,7 +325,7 @@ def mapped_view(host: torch.Tensor, device) -> torch.Tensor | None:
     return view if view.data_ptr() == pinned.data_ptr() and view.device == torch.device(device) else None
 
 
-def install_mapped_table(module, compute_device) -> bool:
+def install_mapped_table(module, compute_device, instead: str = "") -> bool:
     """Keep one embedding's table in pinned host memory and give its own forward a GPU view of it: the lookup runs
     on ``compute_device`` (the ids never leave it) and copies the rows exactly. False where the view is not
     possible; then the table is looked up on the CPU instead."""
@@ -320,7 +336,7 @@ def install_mapped_table(module, compute_device) -> bool:
         return False
     if hasattr(module, "_hf_hook"):
         remove_hook_from_module(module)  # restores the offloaded weight to the CPU
-    view = mapped_view(module.weight.data.to("cpu"), compute_device)
+    view = mapped_view(module.weight.data.to("cpu"), compute_device, instead)
     if view is None:
         return False
     module.weight = torch.nn.Parameter(view, requires_grad=False)
@@ -341,10 +357,16 @@ def map_host_tables(model) -> list:
             continue
         lookup = module.__dict__.pop("forward")  # the class's own forward runs on the GPU view
         module._ple_compute_device = None
-        if install_mapped_table(module, device):
+        try:
+            done = install_mapped_table(module, device, ", or decode with decoding.Decoder()")
+        except BaseException:
+            done = False
+            raise
+        finally:
+            if not done:  # the CPU lookup stays as it was
+                module.forward, module._ple_compute_device = lookup, device
+        if done:
             mapped.append(name)
-        else:
-            module.forward, module._ple_compute_device = lookup, device
     return mapped
 
 
@@ -464,7 +486,11 @@ def install_output_head(model, head: str, compute_device) -> None:
         raise InvalidChoiceError(f"head={head!r} unties a single token table from its output head, and "
                                  f"{type(model).__name__} has {len(tables)} table(s): load it with head='tied'.")
     table = model.get_submodule(tables[0])
-    if not install_mapped_table(table, compute_device):
+    if compute_device.type == "cuda" and not install_mapped_table(table, compute_device, ", or load with head='tied'"):
+        raise InvalidChoiceError(f"head={head!r} needs the GPU to read the token table in host memory in place, and "
+                                 f"{torch.cuda.get_device_name(compute_device)} cannot map host pages here: load with "
+                                 f"head='tied'.")
+    if compute_device.type != "cuda":
         install_cpu_lookup(table, compute_device)
     weight = table.weight.detach()
     model.set_output_embeddings(output_head(weight, head, compute_device))

@@ -175,3 +175,16 @@ def test_the_quantized_heads_hold_the_bytes_the_planner_counts(table):
         held = sum(t.numel() * t.element_size() for t in (layer.weight.data, *(
             [layer.weight.SCB] if head == "int8" else [layer.weight.quant_state.absmax])))
         assert held == pytest.approx(table.numel() * HEAD_BYTES_PER_WEIGHT[head], rel=0.05), head
+
+
+def test_pinning_a_table_without_the_free_ram_to_copy_it_is_refused_in_one_sentence(monkeypatch):
+    # a kernel that ran out of host RAM while pinning would die without a word (Colab: 12.7 GB for everything)
+    from helpers.errors import HostMemoryError
+
+    table = torch.zeros(1000, 64, dtype=torch.bfloat16)
+    monkeypatch.setattr(placement, "free_host_bytes", lambda: placement.PIN_MARGIN_BYTES)  # the margin, no more
+    with pytest.raises(HostMemoryError, match="close other programs or notebooks, or load with head='tied'"):
+        placement.mapped_view(table, "cuda:0", ", or load with head='tied'")
+    monkeypatch.setattr(placement, "free_host_bytes", lambda: 10 * placement.PIN_MARGIN_BYTES)  # the control
+    if not torch.cuda.is_available():
+        assert placement.mapped_view(table, "cuda:0") is None  # past the RAM check; no GPU here to map to
