@@ -23,6 +23,7 @@ sys.path.append(str(ROOT))  # after PYTHONPATH: another tree's helpers win where
 
 
 def battery():
+    sys.path.insert(0, str(ROOT / "tests"))  # its helpers in tests/conftest.py, as pytest would find them
     spec = importlib.util.spec_from_file_location("test_bad_inputs", ROOT / "tests" / "test_bad_inputs.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
