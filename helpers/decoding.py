@@ -474,36 +474,40 @@ class TunedGreedy:
                 setattr(layer, name, count)
         return masks
 
-    def _greedy_host_free(self, ids, new_tokens: int, keep_logits: bool, cache, mask_2d) -> GreedyRun:
-        start = ids.shape[1]
+    def _decode_host_free(self, logits, start: int, new_tokens: int, keep_logits: bool, cache, mask_2d) -> tuple:
+        """The decode loop of ``Decoder(host_free=True)`` after the prefill's ``logits``: (tokens, kept logits)."""
         positions = list(torch.arange(start, start + new_tokens - 1, device=self.device).view(-1, 1, 1))
         produced = torch.zeros(new_tokens, dtype=torch.long, device=self.device)
         vocabulary = self.model.get_output_embeddings().out_features
         kept = torch.empty((new_tokens, vocabulary), dtype=torch.float32,
                            pin_memory=self.device.type == "cuda") if keep_logits else None
-        with torch.no_grad():
-            synchronize(self.device)
-            began = time.perf_counter()
-            logits = self._prefill(ids, cache)
-            synchronize(self.device)
-            prefilled = time.perf_counter()
-            masks = self._masks_ahead(cache, mask_2d, positions, start)
-            self.next_token.copy_(self._pick(logits))
-            for step in range(new_tokens):
-                produced[step:step + 1].copy_(self.next_token[0])
-                if keep_logits:
-                    kept[step].copy_(logits[0].float(), non_blocking=True)
-                if step + 1 < new_tokens:
-                    inputs = {"token": self.next_token, "attention_mask": masks[step], "position_ids": positions[step],
-                              "use_cache": True, "logits_to_keep": 1, self.cache_name: cache}
-                    if self.graphs is not None:
-                        logits = self.graphs(cache, inputs)
-                    else:
-                        with pinned_sliding_counters(cache):
-                            logits = self._host_free_forward(**inputs).logits[:, -1].clone()
-            synchronize(self.device)
-            done = time.perf_counter()
-        return GreedyRun(produced.tolist(), kept, prefilled - began, done - prefilled)
+        masks = self._masks_ahead(cache, mask_2d, positions, start)
+        self.next_token.copy_(self._pick(logits))
+        for step in range(new_tokens):
+            produced[step:step + 1].copy_(self.next_token[0])
+            if keep_logits:
+                kept[step].copy_(logits[0].float(), non_blocking=True)
+            if step + 1 < new_tokens:
+                inputs = {"token": self.next_token, "attention_mask": masks[step], "position_ids": positions[step],
+                          "use_cache": True, "logits_to_keep": 1, self.cache_name: cache}
+                if self.graphs is not None:
+                    logits = self.graphs(cache, inputs)
+                else:
+                    with pinned_sliding_counters(cache):
+                        logits = self._host_free_forward(**inputs).logits[:, -1].clone()
+        return produced.tolist(), kept  # tolist waits for the stream, so the kept logits' copies are done too
+
+    def _decode(self, logits, start: int, new_tokens: int, keep_logits: bool, cache, mask_2d) -> tuple:
+        """The decode loop after the prefill's ``logits``, each token read on the host: (tokens, kept logits)."""
+        tokens, kept = [], []
+        for step in range(new_tokens):
+            if keep_logits:
+                kept.append(logits[0].float().cpu())
+            token = self._next_token(logits)
+            tokens.append(int(token))  # the host needs it anyway for the PLE lookup
+            if step + 1 < new_tokens:
+                logits = self._step(token, start + step, mask_2d, cache)
+        return tokens, torch.stack(kept) if keep_logits else None
 
     def greedy(self, ids: torch.Tensor, new_tokens: int, *, keep_logits: bool = False,
                cache_length: int | None = None) -> GreedyRun:
@@ -522,25 +526,17 @@ class TunedGreedy:
         total = cache_length or total
         cache = self.cache(total)
         mask_2d = torch.ones((1, total), dtype=torch.long, device=self.device)
-        if self.settings.host_free:
-            return self._greedy_host_free(ids, new_tokens, keep_logits, cache, mask_2d)
-        tokens, kept = [], []
+        decode = self._decode_host_free if self.settings.host_free else self._decode
         with torch.no_grad():
             synchronize(self.device)
             began = time.perf_counter()
             logits = self._prefill(ids, cache)
             synchronize(self.device)
             prefilled = time.perf_counter()
-            for step in range(new_tokens):
-                if keep_logits:
-                    kept.append(logits[0].float().cpu())
-                token = self._next_token(logits)
-                tokens.append(int(token))  # the host needs it anyway for the PLE lookup
-                if step + 1 < new_tokens:
-                    logits = self._step(token, ids.shape[1] + step, mask_2d, cache)
+            tokens, kept = decode(logits, ids.shape[1], new_tokens, keep_logits, cache, mask_2d)
             synchronize(self.device)
             done = time.perf_counter()
-        return GreedyRun(tokens, torch.stack(kept) if keep_logits else None, prefilled - began, done - prefilled)
+        return GreedyRun(tokens, kept, prefilled - began, done - prefilled)
 
 
 def plain_greedy(model, ids: torch.Tensor, new_tokens: int, *, static_cache: bool = False, keep_logits: bool = False) -> GreedyRun:

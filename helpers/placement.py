@@ -312,10 +312,10 @@ def mapped_view(host: torch.Tensor, device, instead: str = "") -> torch.Tensor |
     whose fix ends with ``instead``. 16-bit tensors only (the tables are bf16)."""
     if host.element_size() != 2 or not host.is_contiguous():
         return None
-    size = host.numel() * host.element_size()
-    if not host.is_pinned() and free_host_bytes() < size + PIN_MARGIN_BYTES:
+    size, free = host.numel() * host.element_size(), free_host_bytes()
+    if not host.is_pinned() and free < size + PIN_MARGIN_BYTES:
         raise HostMemoryError(f"Pinning a {size / 1e9:.1f} GB table for the GPU to read in place copies it once, and "
-                              f"{free_host_bytes() / 1e9:.1f} GB of host RAM is free (that much again and "
+                              f"{free / 1e9:.1f} GB of host RAM is free (that much again and "
                               f"{PIN_MARGIN_BYTES / 1e9:.0f} GB are needed): close other programs or notebooks{instead}.")
     try:
         pinned = host if host.is_pinned() else host.pin_memory()
@@ -357,13 +357,11 @@ def map_host_tables(model) -> list:
             continue
         lookup = module.__dict__.pop("forward")  # the class's own forward runs on the GPU view
         module._ple_compute_device = None
+        done = False
         try:
             done = install_mapped_table(module, device, ", or decode with decoding.Decoder()")
-        except BaseException:
-            done = False
-            raise
         finally:
-            if not done:  # the CPU lookup stays as it was
+            if not done:  # refused or raised: the CPU lookup stays as it was
                 module.forward, module._ple_compute_device = lookup, device
         if done:
             mapped.append(name)
@@ -486,12 +484,12 @@ def install_output_head(model, head: str, compute_device) -> None:
         raise InvalidChoiceError(f"head={head!r} unties a single token table from its output head, and "
                                  f"{type(model).__name__} has {len(tables)} table(s): load it with head='tied'.")
     table = model.get_submodule(tables[0])
-    if compute_device.type == "cuda" and not install_mapped_table(table, compute_device, ", or load with head='tied'"):
-        raise InvalidChoiceError(f"head={head!r} needs the GPU to read the token table in host memory in place, and "
-                                 f"{torch.cuda.get_device_name(compute_device)} cannot map host pages here: load with "
-                                 f"head='tied'.")
-    if compute_device.type != "cuda":
-        install_cpu_lookup(table, compute_device)
+    if not install_mapped_table(table, compute_device, ", or load with head='tied'"):
+        if compute_device.type == "cuda":
+            raise InvalidChoiceError(f"head={head!r} needs the GPU to read the token table in host memory in place, and "
+                                     f"{torch.cuda.get_device_name(compute_device)} cannot map host pages here: load "
+                                     f"with head='tied'.")
+        install_cpu_lookup(table, compute_device)  # on a CPU the table is already where its rows are used
     weight = table.weight.detach()
     model.set_output_embeddings(output_head(weight, head, compute_device))
     for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():

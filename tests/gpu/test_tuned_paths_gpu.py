@@ -42,13 +42,18 @@ def test_the_loader_attaches_hooks_on_a_gpu_they_break_the_graph_and_removing_th
     assert measure.compare_logits(before.logits, after.logits)["identical"]
 
 
+def static_generate_reference(model, ids):
+    """Plain generate with a static cache, twice: the reference run and how many steps it agrees with itself."""
+    reference = decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
+    again = decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
+    return reference, measure.self_consistent_steps(reference.logits, again.logits)
+
+
 @pytest.mark.parametrize("prompt", [32, 4], ids=["window-full", "window-filling"])
 def test_the_tuned_decode_replays_cuda_graphs_of_the_eager_step_with_the_logits_of_generate_bit_for_bit(tokenizer, prompt):
     ids = measure.prompt_ids(tokenizer, prompt, 0)
     model = loading.load_model("tiny", quant="nf4", ple="cpu", device=0)
-    reference = decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
-    again = decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
-    steps = measure.self_consistent_steps(reference.logits, again.logits)
+    reference, steps = static_generate_reference(model, ids)
     tuned = decoding.TunedGreedy(model, decoding.Decoder(compile="cudagraphs"))
     first = tuned.greedy(ids, NEW, keep_logits=True)
     second = tuned.greedy(ids, NEW, keep_logits=True)
@@ -132,9 +137,7 @@ def test_int8_is_refused_before_loading_and_by_a_loaded_model_in_one_sentence():
 def test_the_host_free_step_reads_its_tables_in_place_and_gives_the_logits_of_generate_bit_for_bit(tokenizer, prompt):
     ids = measure.prompt_ids(tokenizer, prompt, 0)
     model = loading.load_model("tiny", quant="nf4", ple="cpu", device=0)
-    reference = decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
-    again = decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
-    steps = measure.self_consistent_steps(reference.logits, again.logits)
+    reference, steps = static_generate_reference(model, ids)
     tuned = decoding.TunedGreedy(model, decoding.Decoder(host_free=True))
     assert tuned.mapped_tables  # the PLE table in pinned host memory, read by the GPU in place
     assert not torch.cuda.memory_allocated(0) > 0.5e9  # tiny: no copy of a table on the card
