@@ -201,6 +201,37 @@ def gpu_tier(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU
     return read_json(path)
 
 
+@dataclass(frozen=True)
+class RouteRun:
+    """One route of the GPU tier's run, its figures by name; None where that route recorded none (a refused load
+    records only its ``load_error``)."""
+
+    route: str
+    gpu: str
+    date: str
+    resident_bytes: int | None
+    reserved_bytes: int | None
+    peak_load_bytes: int | None
+    prefill_context: int | None
+    prefill_peak_bytes: int | None
+    load_error: str | None
+    greedy_tokens: int | None
+    logits_finite: bool | None
+
+
+def gpu_route(route: str, model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU_TIER_DIR) -> RouteRun:
+    """What the GPU tier recorded for one route (``ple-cpu``, ``cpu-entry``, ...) of a model and quantization."""
+    tier = gpu_tier(model, quant, directory)
+    if route not in tier:
+        raise InvalidChoiceError(f"route={route!r} was not recorded for {model} {quant}; choose one of {', '.join(sorted(tier))}.")
+    record = tier[route]
+    prefill = (record.get("prefill") or [{}])[0]
+    return RouteRun(route, record.get("gpu", "?"), record.get("date", "?"), record.get("resident_bytes"),
+                    record.get("reserved_bytes"), record.get("peak_load_bytes"), prefill.get("context"),
+                    prefill.get("peak_bytes"), record.get("load_error"), record.get("greedy_token_count"),
+                    record.get("logits_finite"))
+
+
 def gpu_tier_host(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU_TIER_DIR) -> dict:
     """Host memory per route (anonymous and file-backed peaks of load and generate), route -> record:
     the GPU tier writes it beside its main record."""
@@ -239,6 +270,22 @@ def plain_string_outcomes(directory: Path = CHAT_DIR) -> list:
     if not path.is_file():
         raise FileNotFoundError(f"No record at {path}: run `python tools/probe_plain_strings.py 5.5.2 5.7.0`.")
     return read_json(path)
+
+
+def plain_string_outcome(transformers_version: str, processor: str, directory: Path = CHAT_DIR) -> str | None:
+    """What the record says ``tokenize=True`` does with a plain-string message on this transformers release and
+    processor class; None where that pair was not probed."""
+    return next((entry["tokenize=True"] for entry in plain_string_outcomes(directory)
+                 if entry["transformers"] == transformers_version and entry["processor"] == processor), None)
+
+
+def decode_speed(route: str, model: str = "e4b-shape", quant: str = "nf4", directory: Path = MEASUREMENTS_DIR) -> float:
+    """The speed preset's decode tokens/s for one route (``ple-cpu``, ``cpu-entry``, ...)."""
+    speeds = decode_speeds(model, quant, directory)
+    if route not in speeds:
+        raise InvalidChoiceError(f"route={route!r} has no recorded decode speed for {model} {quant}; choose one of "
+                                 f"{', '.join(speeds)}.")
+    return speeds[route]
 
 
 def plain_generate_rate(record: dict, records) -> float | None:
@@ -292,6 +339,9 @@ class Table:
         widths = [max(len(cell) for cell in column) for column in zip(self.columns, *self.rows)]
         return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
                          for row in (self.columns, *self.rows))
+
+    def _repr_pretty_(self, printer, cycle):  # a console or a notebook's plain text: the table, not the dataclass
+        printer.text(str(self))
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -455,11 +505,19 @@ def _cited_route_comparison(directory: Path) -> Table:
     return Table(("as the seed article has it", "transformers", "llama.cpp"), rows, f"cited: {cited['source']}")
 
 
+def _plain_string_outcomes(directory: Path) -> Table:
+    rows = tuple((entry["transformers"], entry["processor"], entry["tokenize=False"], entry["tokenize=True"])
+                 for entry in plain_string_outcomes(directory))
+    return Table(("transformers", "processor", "tokenize=False", "tokenize=True"), rows,
+                 "python tools/probe_plain_strings.py 5.5.2 5.6.2 5.7.0 5.17.0 5.24.0")
+
+
 TABLES = {"ple-offload": (_ple_offload, GPU_TIER_DIR), "decode-by-route": (_decode_by_route, MEASUREMENTS_DIR),
           "determinism": (_determinism, GPU_TIER_DIR), "gpu-tier-memory": (_gpu_tier_memory, GPU_TIER_DIR),
           "decode-speed": (_decode_speed, MEASUREMENTS_DIR), "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
           "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR), "gguf-route": (_gguf_route, GGUF_DIR),
-          "route-comparison": (_route_comparison, GGUF_DIR), "cited-route-comparison": (_cited_route_comparison, GGUF_DIR)}
+          "route-comparison": (_route_comparison, GGUF_DIR), "cited-route-comparison": (_cited_route_comparison, GGUF_DIR),
+          "plain-string-outcomes": (_plain_string_outcomes, CHAT_DIR)}
 
 
 def table(name: str, directory: Path | None = None) -> Table:

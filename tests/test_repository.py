@@ -348,3 +348,58 @@ def test_notebook_05s_tables_show_the_recorded_control_differing_and_the_offload
     rows = {row[0]: row for row in records.table("ple-offload").rows}
     assert rows["ple-cpu"][3].startswith("identical") and rows["ple-cpu-nudged"][3].startswith("differ")
     assert {"ple-gpu", "ple-cpu", "cpu-entry"} <= {row[0] for row in records.table("decode-by-route").rows}
+
+
+def _ple_table_bytes():
+    from helpers import synthetic, weights
+
+    e4b = weights.meta_model(synthetic.gemma4_config("e4b-shape"))
+    return e4b.get_submodule("model.language_model.embed_tokens_per_layer").weight.numel() * 2
+
+
+def test_the_recorded_cpu_entry_route_copies_the_ple_table_to_the_gpu_during_a_prefill():
+    # notebook 03 prints these figures; the claim its text makes is held here
+    from helpers import records
+
+    naive, course = records.gpu_route("cpu-entry"), records.gpu_route("ple-cpu")
+    ple_bytes = _ple_table_bytes()
+    assert naive.prefill_peak_bytes > naive.resident_bytes + 0.9 * ple_bytes
+    assert course.prefill_peak_bytes < course.resident_bytes + 0.5 * ple_bytes  # the control: the course's route does not
+
+
+def test_the_recorded_post_load_offload_keeps_the_table_reserved_and_peaks_above_the_courses_load():
+    from helpers import records
+
+    post, course = records.gpu_route("post-load"), records.gpu_route("ple-cpu")
+    ple_bytes = _ple_table_bytes()
+    assert post.peak_load_bytes > course.peak_load_bytes + 0.9 * ple_bytes
+    assert post.reserved_bytes > post.resident_bytes + 0.9 * ple_bytes
+    assert course.reserved_bytes < course.resident_bytes + 0.5 * ple_bytes  # the control: loaded in place, nothing left
+
+
+def test_a_route_reader_gives_the_records_figures_and_refuses_an_unrecorded_route_in_one_sentence():
+    from helpers import records
+    from helpers.errors import InvalidChoiceError
+
+    whole = records.gpu_tier("e4b-shape", "nf4")
+    refused = records.gpu_route("no-flag")
+    assert refused.load_error == whole["no-flag"]["load_error"] and refused.resident_bytes is None
+    fp16 = records.gpu_route("ple-cpu-fp16")
+    assert (fp16.greedy_tokens, fp16.logits_finite) == (whole["ple-cpu-fp16"]["greedy_token_count"], True)
+    with pytest.raises(InvalidChoiceError, match="route='ple-tpu' was not recorded.*choose one of"):
+        records.gpu_route("ple-tpu")
+    with pytest.raises(InvalidChoiceError, match="no recorded decode speed"):
+        records.decode_speed("ple-tpu")
+    assert records.decode_speed("ple-cpu") == records.decode_speeds("e4b-shape")["ple-cpu"]
+
+
+def test_the_plain_string_reader_names_each_probed_release_and_none_for_an_unprobed_one():
+    from helpers import records
+
+    entries = records.plain_string_outcomes()
+    first = entries[0]
+    assert records.plain_string_outcome(first["transformers"], first["processor"]) == first["tokenize=True"]
+    assert records.plain_string_outcome("0.0.1", first["processor"]) is None
+    outcomes = {records.plain_string_outcome(e["transformers"], e["processor"]) for e in entries}
+    assert len(outcomes) > 1  # the releases differ, so a reader that ignored the version would be caught
+    assert len(records.table("plain-string-outcomes").rows) == len(entries)
