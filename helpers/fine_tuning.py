@@ -41,6 +41,9 @@ KEPT_OUT = {
 }
 RANK = 8
 ALPHA = 16
+# tokens whose logits the loss makes at a time: 256 x 262,144 words x 16 bytes a value is about 1.07 GB, where a
+# whole 2,048-token sequence's logits would take 8.6 GB (planner.LOGIT_BYTES_PER_VALUE says what those bytes are)
+LOSS_CHUNK = 256
 ADAM_STATE_BYTES = {"adamw": 8, "paged_adamw_8bit": 2}  # bytes of optimizer state per trainable parameter
 
 
@@ -194,6 +197,52 @@ def pattern_batch(model_or_config, length: int, batch: int = 1, pattern: int = 1
     return ids.repeat(math.ceil(length / pattern))[:length].expand(batch, length).clone()
 
 
+def _chunk_loss_sum(head, softcap, hidden, targets):
+    logits = head(hidden)
+    if softcap is not None:  # as the model's own forward does before its loss
+        logits = torch.tanh(logits / softcap) * softcap
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100,
+                                             reduction="sum")
+
+
+def causal_lm_loss(model, input_ids: torch.Tensor, labels: torch.Tensor | None = None, *,
+                   chunk: int | None = LOSS_CHUNK) -> torch.Tensor:
+    """The next-token loss of ``model`` on ``input_ids`` (labels: the inputs; -100 marks a position to skip), the
+    mean over the predicted positions, as ``model(input_ids, labels=...).loss`` gives it.
+
+    ``chunk``: the output head makes the logits of ``chunk`` positions at a time, and each chunk is recomputed in the
+    backward pass (``torch.utils.checkpoint``), so one chunk's logits exist at once instead of the whole sequence's
+    (262,144 per token on Gemma 4). ``None``: the model's own forward, every logit at once."""
+    from torch.utils.checkpoint import checkpoint
+
+    placement.require_model(model)
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
+        raise InvalidChoiceError(f"input_ids must be a 2-D tensor of token ids (batch x tokens), not {type(input_ids).__name__}"
+                                 f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else ''}; "
+                                 "fine_tuning.pattern_batch makes one.")
+    labels = input_ids if labels is None else labels
+    if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape:
+        raise InvalidChoiceError(f"labels must be a tensor shaped like input_ids {tuple(input_ids.shape)}; pass None to "
+                                 "learn the inputs themselves.")
+    require_whole_number(input_ids.shape[1], "the sequence length", minimum=2, unit="tokens")
+    if chunk is None:
+        return model(input_ids=input_ids, labels=labels, use_cache=False).loss
+    chunk = require_whole_number(chunk, "chunk", unit="tokens")
+    outer = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft's wrapper
+    if not (hasattr(outer, "model") and hasattr(outer, "lm_head")):
+        raise InvalidChoiceError(f"{type(outer).__name__} has no .model and .lm_head to chunk the loss over; pass chunk=None "
+                                 "to use the model's own loss.")
+    hidden = outer.model(input_ids=input_ids, use_cache=False, return_dict=True).last_hidden_state[:, :-1]
+    targets = labels[:, 1:].to(hidden.device)
+    softcap = getattr(outer.config.get_text_config(), "final_logit_softcapping", None)
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, hidden.shape[1], chunk):
+        part = (outer.lm_head, softcap, hidden[:, start:start + chunk], targets[:, start:start + chunk])
+        total = total + (checkpoint(_chunk_loss_sum, *part, use_reentrant=False) if recompute else _chunk_loss_sum(*part))
+    return total / (targets != -100).sum().clamp(min=1)
+
+
 @dataclass
 class TrainingRun:
     """What ``train`` returns: the loss of each step, the steps skipped for overflow, the time and the peak."""
@@ -202,6 +251,7 @@ class TrainingRun:
     seconds: float = 0.0
     peak_bytes: int | None = None  # the GPU's peak allocated (None on the CPU)
     sequence: int = 0
+    loss_chunk: int | None = LOSS_CHUNK  # positions whose logits existed at once (None: the whole sequence)
 
     @property
     def steps_per_second(self) -> float:
@@ -218,8 +268,9 @@ class TrainingRun:
 
 
 def train(model, batch: torch.Tensor, steps: int = 20, learning_rate: float = 1e-3, *, optimizer=None,
-          progress: bool = True) -> TrainingRun:
-    """Train the adapters on ``batch`` (labels are the inputs: the model shifts them) for ``steps`` steps.
+          progress: bool = True, loss_chunk: int | None = LOSS_CHUNK) -> TrainingRun:
+    """Train the adapters on ``batch`` (labels are the inputs: the model shifts them) for ``steps`` steps, the loss
+    made ``loss_chunk`` positions at a time (``causal_lm_loss``).
 
     Overflow check: where the loss or the gradient norm is not finite (fp16 compute on a T4 can overflow),
     that step is skipped, as ``torch.amp.GradScaler`` does, and recorded in ``TrainingRun.skipped``."""
@@ -236,11 +287,11 @@ def train(model, batch: torch.Tensor, steps: int = 20, learning_rate: float = 1e
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(device)
     model.train()
-    run = TrainingRun(losses=[], sequence=batch.shape[-1])
+    run = TrainingRun(losses=[], sequence=batch.shape[-1], loss_chunk=loss_chunk)
     start = time.perf_counter()
     bar = trange(steps, desc="training", disable=not progress)
     for step in bar:
-        loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+        loss = causal_lm_loss(model, batch, chunk=loss_chunk)
         finite = bool(torch.isfinite(loss))
         if finite:
             loss.backward()

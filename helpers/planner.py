@@ -42,7 +42,7 @@ from .errors import (
     require_positive_number,
     require_whole_number,
 )
-from .fine_tuning import ADAM_STATE_BYTES, RANK, adapter_shapes
+from .fine_tuning import ADAM_STATE_BYTES, LOSS_CHUNK, RANK, adapter_shapes
 from .long_context import DEFAULT_CHUNK
 from .models import load_config as _load_config
 from .models import requested, smaller_siblings
@@ -616,8 +616,10 @@ def holdout(records: list) -> dict:
 # Derived from the shapes, not fitted: the GPU bench (tests/gpu/test_fine_tuning_gpu.py) records the measured peak
 # beside this prediction. Per logit over the whole vocabulary, the step holds the bf16 logits (2 bytes), the tanh
 # output the final soft-capping keeps for backward (2), the loss's fp32 upcast (4), its log-softmax (4) and the
-# gradient (4).
+# gradient (4). The chunked loss (fine_tuning.causal_lm_loss) holds them for one chunk of positions at a time, and
+# beside them the final hidden states with their gradient (bf16 and fp32).
 LOGIT_BYTES_PER_VALUE = 16
+HIDDEN_AND_GRADIENT_BYTES = 6
 ACTIVATION_BYTES = 2  # bf16 activations
 ADAPTER_BYTES = 4  # peft keeps the adapters in fp32 (autocast_adapter_dtype)
 
@@ -669,9 +671,12 @@ def widest_layer_outputs(shapes) -> int:
 
 
 def predict_training(config, quant: str = "nf4", ple: str = "cpu", sequence: int = 512, *, batch: int = 1,
-                     rank: int = RANK, optimizer: str = "paged_adamw_8bit") -> TrainingEstimate:
+                     rank: int = RANK, optimizer: str = "paged_adamw_8bit",
+                     loss_chunk: int | None = LOSS_CHUNK) -> TrainingEstimate:
     """Predict the GPU peak of one LoRA training step on ``batch`` sequences of ``sequence`` tokens, gradient
-    checkpointing on, without loading weights. ``optimizer``: ``"paged_adamw_8bit"`` (the GPU's) or ``"adamw"``."""
+    checkpointing on, without loading weights. ``optimizer``: ``"paged_adamw_8bit"`` (the GPU's) or ``"adamw"``;
+    ``loss_chunk``: positions whose logits the loss makes at a time (``fine_tuning.causal_lm_loss``), None for all."""
+    loss_chunk = None if loss_chunk is None else require_whole_number(loss_chunk, "loss_chunk", unit="tokens")
     require_choice(quant, QUANTS, "quant")
     require_choice(ple, PLACEMENTS, "ple")
     require_choice(optimizer, list(ADAM_STATE_BYTES), "optimizer")
@@ -699,26 +704,32 @@ def predict_training(config, quant: str = "nf4", ple: str = "cpu", sequence: int
     terms["layer inputs kept by checkpointing"] = tokens * layers * (hidden + ple_width) * ACTIVATION_BYTES
     terms["one layer recomputed: activations and gradients"] = (
         2 * tokens * (widest_layer_outputs(shapes) + 4 * hidden) * ACTIVATION_BYTES)
-    terms["logits, the loss and its gradient"] = tokens * values["vocab_size"] * LOGIT_BYTES_PER_VALUE
+    if loss_chunk is None:
+        terms["logits, the loss and its gradient"] = tokens * values["vocab_size"] * LOGIT_BYTES_PER_VALUE
+    else:
+        terms["final hidden states and their gradient"] = tokens * hidden * HIDDEN_AND_GRADIENT_BYTES
+        terms[f"logits, loss, gradient: {loss_chunk:,} positions at once"] = (
+            batch * min(sequence, loss_chunk) * values["vocab_size"] * LOGIT_BYTES_PER_VALUE)
     name = label or getattr(config, "_name_or_path", "") or "model"
     return TrainingEstimate(str(name), quant, ple, sequence, batch, rank, optimizer, parameters, weights.gpu_bytes,
                             int(sum(terms.values())), weights.cpu_bytes, terms)
 
 
 def training_fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", sequence: int = 512, *,
-                  batch: int = 1, rank: int = RANK, calibration: dict | None = None) -> CardVerdict:
+                  batch: int = 1, rank: int = RANK, calibration: dict | None = None,
+                  loss_chunk: int | None = LOSS_CHUNK) -> CardVerdict:
     """Does a LoRA step on ``sequence`` tokens fit a card of ``card_gb`` GB, and what is the longest sequence that
     does? The same margins as ``fits``: the allocator's reserve on what the step adds beside the weights."""
     require_positive_number(card_gb, "card_gb")
     calibration = calibration or load_calibration()
-    estimate = predict_training(config, quant, ple, sequence, batch=batch, rank=rank)
+    estimate = predict_training(config, quant, ple, sequence, batch=batch, rank=rank, loss_chunk=loss_chunk)
     card = card_gb * 1e9
     if estimate.resident_bytes + GPU_HEADROOM_BYTES > card:
         return CardVerdict(card_gb, False, False, None, estimate)
     longest = text_config_of(load_config(config)).max_position_embeddings
 
     def fits_in_card(n: int, reserve: float) -> bool:
-        step = predict_training(config, quant, ple, n, batch=batch, rank=rank)
+        step = predict_training(config, quant, ple, n, batch=batch, rank=rank, loss_chunk=loss_chunk)
         return step.resident_bytes + (1 + reserve) * (step.peak_bytes - step.resident_bytes) <= card
 
     def largest(reserve: float):

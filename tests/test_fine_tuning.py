@@ -204,13 +204,89 @@ def test_the_planners_adapter_and_optimizer_terms_match_the_real_peft_model_and_
 
 
 def test_the_training_peak_grows_with_the_sequence_and_only_the_activation_terms_do():
-    short, long = (planner.predict_training("e4b-shape", sequence=n) for n in (512, 1024))
+    short, long = (planner.predict_training("e4b-shape", sequence=n, loss_chunk=None) for n in (512, 1024))
     assert long.peak_bytes > short.peak_bytes
     grew = {term for term in short.terms if long.terms[term] != short.terms[term]}
     assert grew == {"layer inputs kept by checkpointing", "one layer recomputed: activations and gradients",
                     "logits, the loss and its gradient"}
     assert all(long.terms[term] == 2 * short.terms[term] for term in grew)  # linear: checkpointing keeps no n^2
     assert short.resident_bytes == planner.predict("e4b-shape", "nf4", "cpu", 512).resident_bytes
+
+
+def test_a_chunked_loss_holds_one_chunks_logits_so_the_same_card_trains_a_longer_sequence():
+    chunk = fine_tuning.LOSS_CHUNK
+    whole, chunked = (planner.predict_training("e4b-shape", sequence=4 * chunk, loss_chunk=c) for c in (None, chunk))
+    logits = {name: size for name, size in chunked.terms.items() if name.startswith("logits")}
+    assert list(logits.values()) == [whole.terms["logits, the loss and its gradient"] // 4]
+    short = planner.predict_training("e4b-shape", sequence=chunk // 2, loss_chunk=chunk)  # shorter than one chunk
+    assert short.terms[next(iter(logits))] == whole.terms["logits, the loss and its gradient"] // 8
+    eight_whole, eight_chunked = (planner.training_fits("e4b-shape", 8, loss_chunk=c) for c in (None, chunk))
+    assert eight_chunked.safe_context > 2 * eight_whole.safe_context
+
+
+def head_positions(model):
+    """The positions of every call of the output head, forward and backward recompute alike."""
+    seen = []
+    head = model.get_base_model().lm_head if hasattr(model, "get_base_model") else model.lm_head
+    handle = head.register_forward_hook(lambda module, args, out: seen.append(out.shape[1]))
+    return seen, handle
+
+
+def adapters_with_nonzero_b(model, seed=3):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in lora_b(model):
+            module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * 0.02)
+    return model
+
+
+def test_the_chunked_loss_equals_the_models_own_loss_and_gradients_and_a_label_shift_is_told_apart(tiny_path, ids):
+    model = adapters_with_nonzero_b(fine_tuning.add_adapters(fine_tuning.prepare(tiny())))
+    labels = ids.clone()
+    labels[0, 5:9] = -100  # skipped positions count in neither the sum nor the mean
+    results = {}
+    for name, chunk in (("own", None), ("chunked", 5)):  # 23 predicted positions: chunks of 5, 5, 5, 5, 3
+        model.zero_grad(set_to_none=True)
+        seen, handle = head_positions(model)
+        loss = fine_tuning.causal_lm_loss(model, ids, labels, chunk=chunk)
+        loss.backward()
+        handle.remove()
+        grads = torch.cat([p.grad.flatten() for p in fine_tuning.trainable(model)])
+        results[name] = (loss.detach(), grads, seen)
+    (own, own_grads, own_seen), (chunked, grads, seen) = results["own"], results["chunked"]
+    assert own_seen == [ids.shape[1]] and seen[:5] == [5, 5, 5, 5, 3]
+    assert seen[5:] == [3, 5, 5, 5, 5]  # each chunk made again in the backward pass, the last first
+    assert torch.allclose(chunked, own, rtol=1e-5) and own_grads.abs().max() > 0
+    assert torch.allclose(grads, own_grads, rtol=1e-3, atol=1e-6 * own_grads.abs().max().item())
+    shifted = labels.roll(1, dims=1)  # the control: targets one position late
+    with torch.no_grad():
+        late = fine_tuning.causal_lm_loss(model, ids, shifted, chunk=5)
+        other = fine_tuning.causal_lm_loss(model, ids.flip(1), chunk=5)
+    assert abs(late - own) > 100 * abs(chunked - own) + 1e-3 and abs(other - own) > 1e-3
+
+
+def test_training_with_the_chunked_loss_learns_the_copy_task_as_the_whole_loss_does(tiny_path):
+    batch = fine_tuning.pattern_batch(planner.load_config("tiny"), 64)
+    runs = {chunk: fine_tuning.train(fine_tuning.qlora("tiny", device="cpu"), batch, steps=6, learning_rate=1e-2,
+                                     progress=False, loss_chunk=chunk) for chunk in (None, 16)}
+    assert runs[16].loss_chunk == 16 and runs[None].loss_chunk is None
+    assert runs[16].losses[0] == pytest.approx(runs[None].losses[0], rel=1e-5)
+    assert runs[16].losses[-1] < runs[16].losses[0] - 0.5
+    assert runs[16].losses == pytest.approx(runs[None].losses, rel=1e-2)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(chunk=0), "chunk"), (dict(chunk=2.5), "chunk"), (dict(input_ids=[1, 2, 3]), "2-D tensor of token ids"),
+    (dict(input_ids=torch.ones(5, dtype=torch.long)), "2-D tensor"), (dict(labels=torch.ones(1, 3, dtype=torch.long)),
+                                                                      "shaped like input_ids"),
+    (dict(input_ids=torch.ones(1, 1, dtype=torch.long)), "at least 2"),
+])
+def test_a_bad_loss_input_is_one_sentence_before_any_work(tiny_path, bad, match):
+    from helpers.errors import CourseError
+
+    arguments = dict(input_ids=torch.ones(1, 8, dtype=torch.long), labels=None, chunk=4) | bad
+    with pytest.raises(CourseError, match=match):
+        fine_tuning.causal_lm_loss(tiny(), arguments.pop("input_ids"), **arguments)
 
 
 def test_a_bigger_card_trains_longer_sequences_and_a_4_gb_card_none_on_e4b():

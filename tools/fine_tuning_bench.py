@@ -5,6 +5,7 @@ sweep, and is recorded as a result. Writes one JSON record.
 
     python tools/fine_tuning_bench.py --card-gb 8 --out build/fine-tuning-8.json
     python tools/fine_tuning_bench.py --card-gb 15 --sequences 512 1024 2048 4096 8192 --out ...
+    python tools/fine_tuning_bench.py --card-gb 8 --loss-chunk none --out ...   # every logit at once, as transformers does
 
 tests/gpu/test_fine_tuning_gpu.py runs it per card and, with GPU_RECORD=1, keeps the records in data/gpu-tier/.
 """
@@ -17,8 +18,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
+from helpers.fine_tuning import LOSS_CHUNK  # noqa: E402
 
-SEQUENCES = (512, 1024, 2048, 4096, 8192)
+SEQUENCES = (512, 1024, 2048, 4096, 8192, 16384)
 LOSS_STEPS = 20  # at the shortest sequence: enough for the copy task's loss to fall
 TIMED_STEPS = 3  # at every other length: the peak and the speed
 
@@ -29,6 +31,8 @@ def main(argv=None) -> int:
     parser.add_argument("--card-gb", type=float, required=True)
     parser.add_argument("--sequences", type=int, nargs="+", default=list(SEQUENCES))
     parser.add_argument("--learning-rate", type=float, default=1e-2)
+    parser.add_argument("--loss-chunk", type=lambda text: None if text == "none" else int(text), default=LOSS_CHUNK,
+                        help=f"positions whose logits the loss makes at a time, or none (default: {LOSS_CHUNK})")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -42,16 +46,18 @@ def main(argv=None) -> int:
     record = {"model": args.model, "card_gb": cap, "gpu": torch.cuda.get_device_name(0),
               "compute_dtype": str(loading.default_compute_dtype(torch.device("cuda", 0))),
               "resident_bytes": torch.cuda.memory_allocated(0), "optimizer": fine_tuning.optimizer_name("cuda"),
-              "torch": torch.__version__, "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "loss_chunk": args.loss_chunk, "torch": torch.__version__,
+              "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "runs": []}
     for index, sequence in enumerate(sorted(args.sequences)):
-        predicted = planner.predict_training(args.model, "nf4", "cpu", sequence)
+        predicted = planner.predict_training(args.model, "nf4", "cpu", sequence, loss_chunk=args.loss_chunk)
         row = {"sequence": sequence, "predicted_peak_bytes": predicted.peak_bytes}
         batch = fine_tuning.pattern_batch(model, sequence)
         optimizer = fine_tuning.optimizer_for(model, args.learning_rate)
         try:
             run = fine_tuning.train(model, batch, steps=LOSS_STEPS if index == 0 else TIMED_STEPS,
-                                    learning_rate=args.learning_rate, optimizer=optimizer, progress=False)
+                                    learning_rate=args.learning_rate, optimizer=optimizer, progress=False,
+                                    loss_chunk=args.loss_chunk)
         except torch.OutOfMemoryError:
             row["outcome"] = "out of memory"
             record["runs"].append(row)
@@ -65,7 +71,7 @@ def main(argv=None) -> int:
         print(f"{cap:g} GB, {sequence:,} tokens: {run}", flush=True)
     trained = [row["sequence"] for row in record["runs"] if row["outcome"] == "trained"]
     record["largest_sequence"] = max(trained, default=None)
-    verdict = planner.training_fits(args.model, args.card_gb)
+    verdict = planner.training_fits(args.model, args.card_gb, loss_chunk=args.loss_chunk)
     record["planner"] = {"max_context": verdict.max_context, "safe_context": verdict.safe_context}
     write_record(args.out, record)
     return 0

@@ -1,9 +1,10 @@
 """GPU tier: QLoRA steps of E4B-shaped NF4 with the PLE on the CPU under 8 GB and 15 GB caps.
 
 Each card runs ``tools/fine_tuning_bench.py`` in its own process, one after the other (the speeds are valid only
-alone): peak memory against sequence length (512 to 8,192 tokens, up to the first out-of-memory error), steps per
-second, the largest sequence each card trains, and the copy task's loss falling. With ``GPU_RECORD=1`` the records
-go to ``data/gpu-tier/fine-tuning-<model>-<card>gb.json``.
+alone): peak memory against sequence length (512 tokens up, to the first out-of-memory error), steps per second,
+the largest sequence each card trains, and the copy task's loss falling. Each card runs twice: with the course's
+chunked loss, and with every logit at once as transformers' own loss makes them. With ``GPU_RECORD=1`` the records
+go to ``data/gpu-tier/fine-tuning-<model>-<card>gb.json`` and ``...-<card>gb-whole-loss.json``.
 """
 
 import json
@@ -23,6 +24,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = os.environ.get("GEMMA_GPU_MODEL", "e4b-shape")
 CARDS_GB = (8, 15)
+WHOLE = "whole-loss"  # every logit at once, as transformers' own loss makes them: the baseline on the same card
+
+
+def bench(out: Path, card, *extra) -> dict | None:
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "fine_tuning_bench.py"), "--model", MODEL,
+                           "--card-gb", str(card), "--out", str(out), *extra], timeout=540)
+    return json.loads(out.read_text()) if done.returncode == 0 else None
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +42,14 @@ def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("fine-tuning")
     found = {}
     for card in CARDS_GB:
-        target = out / f"{card}.json"
-        done = subprocess.run([sys.executable, str(ROOT / "tools" / "fine_tuning_bench.py"), "--model", MODEL,
-                               "--card-gb", str(card), "--out", str(target)], timeout=540)
-        found[card] = json.loads(target.read_text()) if done.returncode == 0 else None
+        found[card] = bench(out / f"{card}.json", card)
+        found[(card, WHOLE)] = bench(out / f"{card}-{WHOLE}.json", card, "--loss-chunk", "none")
     yield found
     if os.environ.get("GPU_RECORD") == "1":
-        for card, record in found.items():
+        for key, record in found.items():
+            name = f"{key[0]}gb-{WHOLE}" if isinstance(key, tuple) else f"{key}gb"
             if record:
-                write_record(GPU_TIER_DIR / f"fine-tuning-{MODEL}-{card}gb.json", record)
+                write_record(GPU_TIER_DIR / f"fine-tuning-{MODEL}-{name}.json", record)
 
 
 def runs(records, card):
@@ -79,6 +86,18 @@ def test_the_bigger_card_trains_at_least_as_long_a_sequence(records):
 
 
 @pytest.mark.parametrize("card", CARDS_GB)
+def test_the_chunked_loss_trains_a_longer_sequence_than_the_whole_loss_on_the_same_card(records, card):
+    chunked, whole = records[card], records[(card, WHOLE)]
+    if chunked is None or whole is None:
+        pytest.fail(f"a {card} GB run crashed: run tools/fine_tuning_bench.py --card-gb {card} to see why")
+    assert chunked["loss_chunk"] and whole["loss_chunk"] is None
+    assert (chunked["largest_sequence"] or 0) > (whole["largest_sequence"] or 0)
+    same = [(c, w) for c in chunked["runs"] for w in whole["runs"]
+            if c["sequence"] == w["sequence"] and c["outcome"] == w["outcome"] == "trained"]
+    assert same and all(c["peak_bytes"] < w["peak_bytes"] for c, w in same), same
+
+
+@pytest.mark.parametrize("card", [*CARDS_GB, *((card, WHOLE) for card in CARDS_GB)])
 def test_the_measured_peak_is_within_a_third_of_the_planners(records, card):
     # the planner's training terms are derived from the shapes, not fitted: this is where they meet a GPU
     for row in runs(records, card):
