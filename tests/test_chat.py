@@ -471,3 +471,30 @@ def test_the_model_itself_emitting_each_published_stop_id_ends_the_reply_and_wit
             with torch.no_grad():
                 head.data[stop] = saved
             model.generation_config.eos_token_id = stops
+
+
+def test_the_protocol_record_names_a_source_with_a_commit_for_every_marker_and_stop_id():
+    published = json.loads((CHAT_DIR / "published-protocol.json").read_text())
+    stated = {marker for source in published["sources"] for marker in source["markers"]}
+    assert stated == set(published["markers"])
+    assert all(len(source["commit"]) == 40 and int(source["commit"], 16) >= 0 for source in published["sources"])
+    assert any(str(published["stop_ids"]).replace(" ", "") in source["what"].replace(" ", "")
+               for source in published["sources"])
+
+
+def test_the_protocol_recorder_reads_each_sources_form_and_refuses_sources_that_disagree_or_leave_a_gap():
+    from tools import record_published_protocol as recorder
+
+    constants = ("class _Gemma3SpecialTokens(enum.IntEnum):\n  EOS = 7\n\n"  # another model's: not read
+                 "class _Gemma4SpecialTokens(SpecialTokens, enum.IntEnum):\n  PAD = 0\n  EOS = 1\n"
+                 "  START_OF_TURN = 105  # <|turn>\n  BEGIN_OF_TOOL_RESPONSE = 50\n\n\n@dataclasses.dataclass\nclass X:\n  Y = 9\n")
+    assert recorder.gemma_constants(constants) == {"<eos>": 1, "<|turn>": 105, "<|tool_response>": 50}
+    assert recorder.quoted_vocabulary('V = {"<eos>": 1, \'<|"|>\': 52, "hello": 7}') == {"<eos>": 1, '<|"|>': 52}
+    assert recorder.id_table('[(98, "<|think|>"), (52, "<|\\"|>"), (255_999, "<|image>")]') == {"<|think|>": 98, '<|"|>': 52}
+    assert recorder.stop_ids('`{"eos_token_id":[1,106,50]}`') == [1, 106, 50]
+    every = {marker: number for number, marker in enumerate(recorder.MARKERS)}
+    assert recorder.agreed([{"repo": "a", "found": every}, {"repo": "b", "found": {"<eos>": 0}}]) == every
+    with pytest.raises(recorder.SourceError, match="b gives <eos> the id 5, another source 0"):
+        recorder.agreed([{"repo": "a", "found": every}, {"repo": "b", "found": {"<eos>": 5}}])
+    with pytest.raises(recorder.SourceError, match=r"no source states the id of <\|think\|>"):
+        recorder.agreed([{"repo": "a", "found": {k: v for k, v in every.items() if k != "<|think|>"}}])
