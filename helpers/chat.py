@@ -729,13 +729,17 @@ def probe(source=None) -> dict:
 
 def main(argv=None) -> int:
     import argparse
-    import json
+    import sys
 
     parser = argparse.ArgumentParser(description="Chat-template checks from the command line.")
     parser.add_argument("command", choices=["probe"], help="probe: what apply_chat_template does with a plain-string message")
     parser.add_argument("--model", default=None, help="checkpoint (default $GEMMA_MODEL or tiny)")
     args = parser.parse_args(argv)
-    print(json.dumps(probe(args.model)))
+    try:
+        print(json.dumps(probe(args.model)))
+    except CourseError as err:  # a model that is not there: its sentence, not a traceback
+        print(err, file=sys.stderr)
+        return 2
     return 0
 
 

@@ -250,8 +250,15 @@ def model_disk_check(model: str | None = None, download_dir: Path | None = None)
         where = download_dir or course_folder(name)
         need = 0 if verified_download(name) is not None else FULL_CHECKPOINT_BYTES
         fix = f"free space or set {CACHE_ENV} to a larger disk"
-    else:
+    elif (Path(name).expanduser() / "config.json").is_file():
         return Check(f"disk for {name}", "a folder already on disk: nothing to write", OK)
+    elif Path(name).expanduser().is_dir():
+        return Check(f"model {name}", "a folder without config.json", FAIL,
+                     "pass --model the folder of a downloaded or saved model (the one holding config.json)")
+    else:
+        return Check(f"model {name}", "no such folder, hub id or synthetic name", FAIL,
+                     f"pass --model an existing folder, a hub id like google/gemma-4-E4B-it, or one of "
+                     f"{', '.join(synthetic.SHAPES)}")
     probe = where
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -299,7 +306,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers.environment", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="the model the course will load (default: $GEMMA_MODEL, else tiny)")
     args = parser.parse_args(argv)  # an unknown argument: argparse's one line and exit status 2
-    report = check(model=args.model)
+    try:
+        report = check(model=args.model)
+    except CourseError as err:  # an empty --model: its sentence, not a traceback
+        print(err, file=sys.stderr)
+        return 2
     print(report)
     return 0 if report.ready else 1
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from . import loading, models
 from .errors import (
     CorruptCheckpointError,
+    CourseError,
     InvalidChoiceError,
     LlamaCppMissingError,
     LlamaCppRouteError,
@@ -38,7 +39,7 @@ from .errors import (
     require_whole_number,
 )
 from .measure import prompt_ids
-from .paths import GGUF_DIR, cache_dir
+from .paths import GGUF_DIR, cache_dir, write_text_atomically
 from .placement import compute_device_of
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # its vendored llama.cpp has the Gemma 4 graph and converter
@@ -529,8 +530,6 @@ def measure(path, prompt_ids: list, new_tokens: int = 32, threads: int | None = 
 
 def main(argv=None) -> int:
     import argparse
-    import json
-    import platform
 
     parser = argparse.ArgumentParser(description="The llama.cpp route on a checkpoint, on this CPU: convert, quantize, read, run.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -542,11 +541,26 @@ def main(argv=None) -> int:
     run.add_argument("--keep-bf16", action="store_true", help="keep the bf16 GGUF (as large as the checkpoint)")
     run.add_argument("--record", action="store_true", help=f"write the result to {GGUF_DIR}/<model>.json")
     args = parser.parse_args(argv)
+    try:  # bad input, refused before the minutes of converting: its sentence, not a traceback
+        require_whole_number(args.prompt_tokens, "--prompt-tokens", unit="tokens")
+        require_whole_number(args.new_tokens, "--new-tokens", unit="tokens")
+        name = models.requested(args.model)
+        checkpoint = models.resolve(name)
+        work = Path(args.work) if args.work else cache_dir() / "gguf" / checkpoint.name
+        if work.exists() and not work.is_dir():
+            raise InvalidChoiceError(f"--work {work} is a file; pass a folder for the GGUF files (it is made if missing).")
+        require_llama_cpp()
+        work.mkdir(parents=True, exist_ok=True)
+        return _measure_and_record(args, name, checkpoint, work)
+    except CourseError as err:
+        print(err, file=sys.stderr)
+        return 2
 
-    name = models.requested(args.model)
-    checkpoint = models.resolve(name)
-    work = Path(args.work) if args.work else cache_dir() / "gguf" / checkpoint.name
-    work.mkdir(parents=True, exist_ok=True)
+
+def _measure_and_record(args, name: str, checkpoint: Path, work: Path) -> int:
+    import json
+    import platform
+
     bf16 = convert(checkpoint, work / "model-bf16.gguf")
     print(f"converted in {bf16['seconds']:.0f} s: {bf16['bytes'] / 1e9:.2f} GB")
     q4 = quantize(bf16["path"], work / "model-Q4_K_M.gguf")
@@ -570,7 +584,7 @@ def main(argv=None) -> int:
     print(json.dumps(record, indent=1))
     if args.record:
         GGUF_DIR.mkdir(parents=True, exist_ok=True)
-        (GGUF_DIR / f"{name}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        write_text_atomically(GGUF_DIR / f"{name}.json", json.dumps(record, indent=1, sort_keys=True) + "\n")
     return 0
 
 

@@ -5,7 +5,10 @@ counts how each row was answered."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
+import io
 import shutil
 from pathlib import Path
 
@@ -421,6 +424,74 @@ def test_the_planner_cli_still_answers_a_good_input(capsys):
     # the control beside the refusals
     assert planner.main(["predict", "tiny", "--context", "512"]) == 0
     assert "512-token prefill" in capsys.readouterr().out
+
+
+# every command line of helpers (python -m helpers.<module> ...), each with bad input: (what, module, argv, phrase)
+CLI_ROWS = [
+    ("chat probe --model nope", "chat", lambda i: ["probe", "--model", "nope"], "No folder 'nope'"),
+    ("chat with an unknown command", "chat", lambda i: ["prob"], "invalid choice"),
+    ("course with no command", "course", lambda i: [], "arguments are required"),
+    ("course colab --bogus", "course", lambda i: ["colab", "--bogus"], "unrecognized arguments"),
+    ("course lab --port -1", "course", lambda i: ["lab", "--port", "-1", "--no-browser"], "port=-1 is not supported"),
+    ("course lab --port 99999", "course", lambda i: ["lab", "--port", "99999", "--no-browser"], "is too large"),
+    ("environment --bogus", "environment", lambda i: ["--bogus"], "unrecognized arguments"),
+    ("environment --model nope", "environment", lambda i: ["--model", "nope"], "no such folder, hub id or synthetic name"),
+    ("environment --model an empty string", "environment", lambda i: ["--model", ""], "is empty"),
+    ("environment --model a folder without config.json", "environment", lambda i: ["--model", str(i.root)],
+     "a folder without config.json"),
+    ("gguf_route measure nope", "gguf_route", lambda i: ["measure", "nope"], "No folder 'nope'"),
+    ("gguf_route measure --prompt-tokens 0", "gguf_route", lambda i: ["measure", "tiny", "--prompt-tokens", "0"],
+     "--prompt-tokens=0 is not supported"),
+    ("gguf_route measure --new-tokens -3", "gguf_route", lambda i: ["measure", "tiny", "--new-tokens", "-3"],
+     "--new-tokens=-3 is not supported"),
+    ("gguf_route measure --work a file", "gguf_route", lambda i: ["measure", "tiny", "--work", str(i.a_file())], "is a file"),
+    ("gguf_route with an unknown command", "gguf_route", lambda i: ["measur", "tiny"], "invalid choice"),
+    ("mirror serve a missing folder", "mirror", lambda i: ["serve", str(i.root / "missing")], "has no config.json"),
+    ("mirror serve --port 70000", "mirror", lambda i: ["serve", str(i.tiny), "--port", "70000"], "is not a TCP port"),
+    ("mirror serve --host 0.0.0.0 without --classroom", "mirror", lambda i: ["serve", str(i.tiny), "--host", "0.0.0.0"],
+     "would expose the mirror"),
+    ("mirror serve --classroom --host an address this machine lacks", "mirror",
+     lambda i: ["serve", str(i.tiny), "--classroom", "--host", "192.0.2.1"], "no such address"),
+    ("planner predict nope", "planner", lambda i: ["predict", "nope"], "No folder 'nope'"),
+    ("planner predict --context -5", "planner", lambda i: ["predict", "tiny", "--context", "-5"], "context=-5 is not supported"),
+    ("planner predict --quant q4", "planner", lambda i: ["predict", "tiny", "--quant", "q4"], "choose one of"),
+    ("synthetic tiny --workers 0", "synthetic", lambda i: ["tiny", "--workers", "0"], "workers=0 is not supported"),
+    ("synthetic with an unknown shape", "synthetic", lambda i: ["huge"], "invalid choice"),
+]
+
+
+def cli_answer(row, inputs: Inputs) -> tuple:
+    """How a command line answered: ("clear", its last line) when it exits non-zero with the phrase and no
+    traceback, else ("bare exception" | "silent" | "no phrase", detail)."""
+    what, module, argv, phrase = row
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = importlib.import_module(f"helpers.{module}").main(argv(inputs))
+    except SystemExit as stopped:  # argparse's own refusal: usage, then one error line, exit status 2
+        code = stopped.code
+    except Exception as error:  # noqa: BLE001 - exactly what the census counts
+        return "bare exception", f"{type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}"
+    said = err.getvalue() + out.getvalue()
+    if not code:
+        return "silent", said.strip()[-120:]
+    if phrase not in said or "Traceback" in said:
+        return "no phrase", said.strip()[-200:]
+    return "clear", next(line for line in said.splitlines() if phrase in line).strip()
+
+
+@pytest.mark.parametrize("row", CLI_ROWS, ids=[row[0] for row in CLI_ROWS])
+def test_a_command_line_answers_bad_input_with_one_sentence_and_a_failing_exit_status(row, inputs):
+    outcome, detail = cli_answer(row, inputs)
+    assert outcome == "clear", f"python -m helpers.{row[0]}: {outcome}: {detail}"
+
+
+def test_every_command_line_of_helpers_is_in_the_battery():
+    modules = {path.stem for path in (Path(__file__).parents[1] / "helpers").glob("*.py")
+               if "__main__" in path.read_text()}
+    assert modules == {row[1] for row in CLI_ROWS}
+    good = ("planner predict tiny", "planner", lambda i: ["predict", "tiny", "--context", "512"], "fits")
+    assert cli_answer(good, None)[0] == "silent"  # the control: a good input runs, and is told apart
 
 
 def census_tool():

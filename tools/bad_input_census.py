@@ -1,5 +1,6 @@
-"""Count how the course answers the bad-input battery (tests/test_bad_inputs.py): a clear CourseError
-sentence, a bare library exception, a silent result, or a CourseError without the fix.
+"""Count how the course answers the bad-input battery (tests/test_bad_inputs.py), its functions and its
+command lines: a clear CourseError sentence, a bare library exception, a silent result, or a CourseError
+without the fix.
 
     python tools/bad_input_census.py                      # this tree's helpers
     PYTHONPATH=/tmp/older-tree python tools/bad_input_census.py --json census.json   # another tree's helpers
@@ -46,6 +47,9 @@ def census(workdir: Path) -> list:
             continue
         outcome, detail = table.answer(case, inputs)
         rows.append({"input": case[0], "outcome": outcome, "detail": detail})
+    for row in table.CLI_ROWS:  # every command line of helpers
+        outcome, detail = table.cli_answer(row, inputs)
+        rows.append({"input": f"python -m helpers.{row[0]}", "outcome": outcome, "detail": detail})
     return rows
 
 
