@@ -13,6 +13,7 @@ place, and writes its successor; the masks are made before the loop, so the host
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import re
@@ -216,6 +217,37 @@ def synchronize(device) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@dataclass
+class HostReads:
+    """What ``count_host_reads`` counted: tensor values read into Python, each a wait for the device."""
+    reads: int = 0
+
+
+HOST_READS = ("item", "__bool__", "__int__", "__float__", "tolist")
+
+
+@contextlib.contextmanager
+def count_host_reads():
+    """Count, inside the block, every tensor value read into Python (``item``, ``bool``, ``int``, ``float``,
+    ``tolist``): on a GPU each one makes the host wait until the device has computed it."""
+    counter = HostReads()
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counting(original):
+        def read(self, *args, **kwargs):
+            counter.reads += 1
+            return original(self, *args, **kwargs)
+        return read
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, counting(original))
+    try:
+        yield counter
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
 
 
 @contextlib.contextmanager
@@ -537,6 +569,41 @@ class TunedGreedy:
             synchronize(self.device)
             done = time.perf_counter()
         return GreedyRun(tokens, kept, prefilled - began, done - prefilled)
+
+
+def loop_host_reads(model, ids: torch.Tensor, settings: Decoder, new_tokens: int) -> int:
+    """How many times the decode loop of ``TunedGreedy(model, settings)`` reads a tensor on the host over
+    ``new_tokens`` tokens, the step itself not counted (on a GPU it is a graph replay, which reads nothing on the
+    host; on a CPU it runs eagerly), nor the prefill and the masks made before the loop."""
+    live = {"counter": None}
+
+    def uncounted(function):
+        @functools.wraps(function)  # the signature stays readable: TunedGreedy inspects the model's forward
+        def run(*args, **kwargs):
+            counter = live["counter"]
+            before = counter.reads if counter else 0
+            try:
+                return function(*args, **kwargs)
+            finally:
+                if counter:
+                    counter.reads = before
+        return run
+
+    own = model.__dict__.get("forward")  # an instance forward (a hook's) is put back as it was
+    model.forward = uncounted(model.forward)
+    try:
+        tuned = TunedGreedy(model, settings)
+        tuned.greedy(ids, min(4, new_tokens))  # the first step of each phase captures: counted apart from the loop
+        tuned._prefill, tuned._masks_ahead = uncounted(tuned._prefill), uncounted(tuned._masks_ahead)
+        with count_host_reads() as counter:
+            live["counter"] = counter
+            tuned.greedy(ids, new_tokens)
+    finally:
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
+    return counter.reads
 
 
 def plain_greedy(model, ids: torch.Tensor, new_tokens: int, *, static_cache: bool = False, keep_logits: bool = False) -> GreedyRun:

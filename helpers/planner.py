@@ -823,6 +823,7 @@ class Step:
     context: int = 64
     keep_bf16: tuple = ()
     training: bool = False  # a LoRA training step (predict_training), not a prefill
+    model: str | None = None  # a step that always shows this model, whichever the learner chose
 
 
 # E4B on a 4 GB card: the towers and the token table in host memory, an NF4 output head on the GPU (not the tied
@@ -852,6 +853,7 @@ STEPS = {
     "08.transformers": Step("the transformers side of the llama.cpp comparison", (("nf4", "cpu"), TEXT_ONLY), context=64),
     "09.long": Step("long prompts, plain and tuned", (("nf4", "cpu"), TEXT_ONLY), context=8192),
     "09.decode": Step("decoding speed and its profile", (("nf4", "cpu"), TEXT_ONLY), context=32 + 256),
+    "09.host-free": Step("the host-free step's host reads and identity", (("nf4", "cpu"),), context=32 + 48, model="tiny"),
     "10.train": Step("LoRA training steps on the copy task", (("nf4", "cpu"),), context=512, training=True),
 }
 MIN_CONTEXT = 64  # a shorter prompt than this shows nothing a step is about
@@ -918,7 +920,7 @@ def choose(step: str, model=None, device=None, *, card_gb=None, context: int | N
     require_choice(step, list(STEPS), "step")
     wanted = STEPS[step]
     context = wanted.context if context is None else require_whole_number(context, "context", minimum=1, unit="tokens")
-    name = requested(model)
+    name = wanted.model or requested(model)
     budget = _gpu_budget(device, card_gb)
     ram = psutil.virtual_memory().available if ram_bytes is None else require_positive_number(ram_bytes, "ram_bytes")
     candidates = [name, *smaller_siblings(name)]

@@ -369,8 +369,8 @@ def _identity(check: dict) -> str:
         f" over {check.get('steps')} steps"
 
 
-def _decode_speed(directory: Path) -> Table:
-    run = preset_records("decode-speed", directory=directory)
+def _decode_speed(directory: Path, preset: str = "decode-speed") -> Table:
+    run = preset_records(preset, directory=directory)
     plain = run.get("generate", {}).get("decode_tokens_per_s")
     rows = []
     for name, record in run.items():
@@ -514,7 +514,9 @@ def _plain_string_outcomes(directory: Path) -> Table:
 
 TABLES = {"ple-offload": (_ple_offload, GPU_TIER_DIR), "decode-by-route": (_decode_by_route, MEASUREMENTS_DIR),
           "determinism": (_determinism, GPU_TIER_DIR), "gpu-tier-memory": (_gpu_tier_memory, GPU_TIER_DIR),
-          "decode-speed": (_decode_speed, MEASUREMENTS_DIR), "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
+          "decode-speed": (_decode_speed, MEASUREMENTS_DIR),
+          "decode-host-free": (lambda directory: _decode_speed(directory, "decode-host-free"), MEASUREMENTS_DIR),
+          "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
           "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR), "gguf-route": (_gguf_route, GGUF_DIR),
           "route-comparison": (_route_comparison, GGUF_DIR), "cited-route-comparison": (_cited_route_comparison, GGUF_DIR),
           "plain-string-outcomes": (_plain_string_outcomes, CHAT_DIR)}

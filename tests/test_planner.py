@@ -311,6 +311,8 @@ def test_on_every_card_from_4_gb_each_step_runs_something_that_fits_it(model):
 @pytest.mark.parametrize("card_gb", [4, 6, 8, 15, 24])
 def test_a_step_runs_the_model_itself_whenever_it_loads_and_a_smaller_sibling_only_when_it_does_not(card_gb):
     for step, wanted in planner.STEPS.items():
+        if wanted.model:  # a step of its own model: the test below
+            continue
         choice = planner.choose(step, "e4b-shape", card_gb=card_gb, ram_bytes=PLENTY_OF_RAM)
         setups = [planner.full_setup(setup) for setup in wanted.setups]
         itself = [planner.fits("e4b-shape", card_gb, quant, ple, wanted.context, wanted.keep_bf16, towers=towers, head=head)
@@ -389,3 +391,11 @@ def test_a_decode_record_without_its_bytes_or_bandwidth_is_refused_in_one_senten
 
     with pytest.raises(CourseError, match="bytes_read_per_token"):
         planner.decode_range({"decode_tokens_per_s": 70.0}, Card("RTX 4060", 8, 272))
+
+
+def test_a_step_of_its_own_model_shows_that_model_whichever_the_learner_chose_and_stays_out_of_the_plan():
+    for chosen in ("e4b-shape", "e2b-shape", "tiny"):
+        assert planner.choose("09.host-free", chosen, card_gb=4).model == "tiny"
+    assert planner.choose("09.decode", "e4b-shape", card_gb=8).model == "e4b-shape"  # the control: a step of the learner's model
+    plan = planner.course_plan("e4b-shape", card_gb=8, ram_bytes=64e9)
+    assert {choice.model for choice in plan.choices if choice.step == "09.host-free"} == {"tiny"}

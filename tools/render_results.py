@@ -413,7 +413,24 @@ def render_long_context_and_speed() -> str:
                   "of the bandwidth limit. Beside it, " + "; ".join(
                       f"{row['route']} on an {row['gpu']}: about {row['decode_tokens_per_s']} tokens/s" for row in cited["rows"])
                   + f" ({cited['source']})."]
-    return "\n".join(lines + render_decode_on_cards(tuned) + render_inductor() + render_decode_elsewhere())
+    return "\n".join(lines + render_host_free(tuned) + render_decode_on_cards(tuned) + render_inductor()
+                     + render_decode_elsewhere())
+
+
+def render_host_free(tuned: dict) -> list:
+    """The host-free step beside today's CUDA-graph step of the same run, once recorded."""
+    from helpers import records
+
+    run = records.preset_records("decode-host-free")
+    table = records.table("decode-host-free")
+    if not table:
+        return ["", "The host-free step (`Decoder(host_free=True)`): not yet measured (`make bench PRESET=decode-host-free`)."]
+    rates = {name: record.get("decode_tokens_per_s") for name, record in run.items()}
+    ratio = (f" It ran {rates['host-free'] / rates['cudagraphs']:.2f}x the CUDA-graph step of the same run."
+             if rates.get("host-free") and rates.get("cudagraphs") else "")
+    return ["", "**Decoding without the host in the loop** (`Decoder(host_free=True)`: the tables read in place from "
+            "pinned host memory, the token, positions and masks on the GPU):", "", table.markdown(), "",
+            f"Recorded by `{next(iter(run.values()))['command']}`.{ratio}"]
 
 
 DECODE_CARDS = ("RTX 4060", "RTX 4050 Laptop", "RTX 3060", "Colab T4", "RTX 3090")
@@ -663,9 +680,10 @@ def render_headline() -> str:
         text_only = planner.fits("e4b-shape", size, quant, ple, 1024, towers=towers, head=head)
         best = verdict if verdict.loads else text_only
         plan = planner.course_plan("e4b-shape", card_gb=size, ram_bytes=64e9)
-        itself = sum(choice.model == "e4b-shape" for choice in plan.choices)
+        learners = [choice for choice in plan.choices if planner.STEPS[choice.step].model is None]  # not tiny's own
+        itself = sum(choice.model == "e4b-shape" for choice in learners)
         lines.append(f"| {cards.size_label(size)} | {'yes' if verdict.loads else 'no'} | {'yes' if text_only.loads else 'no'} | "
-                     f"{f'{best.safe_context:,} tokens' if best.loads else '-'} | {itself} of {len(plan.choices)} |")
+                     f"{f'{best.safe_context:,} tokens' if best.loads else '-'} | {itself} of {len(learners)} |")
     tier = records.gpu_tier("e4b-shape", "nf4")
     gpu, cpu = tier["ple-gpu"], tier["ple-cpu"]
     same = cpu["logits_vs_ple_gpu"]
