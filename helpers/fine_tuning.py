@@ -197,6 +197,24 @@ def pattern_batch(model_or_config, length: int, batch: int = 1, pattern: int = 1
     return ids.repeat(math.ceil(length / pattern))[:length].expand(batch, length).clone()
 
 
+def require_batch(model, input_ids) -> torch.Tensor:
+    """``input_ids`` if they are a batch the model can learn from: a (batch, tokens) tensor of token ids, at least two
+    tokens a row (one to predict the next), each id in the vocabulary, within the model's positions."""
+    text = placement.require_model(model).config.get_text_config()
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
+        raise InvalidChoiceError(f"input_ids must be a 2-D tensor of token ids (batch x tokens), not {type(input_ids).__name__}"
+                                 f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else ''}; "
+                                 "fine_tuning.pattern_batch makes one.")
+    require_whole_number(input_ids.shape[0], "the batch", unit="rows")
+    require_whole_number(input_ids.shape[1], "the sequence length", minimum=2, maximum=text.max_position_embeddings,
+                         unit="tokens", maximum_is="the model's max_position_embeddings")
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= text.vocab_size:
+        raise InvalidChoiceError(f"input_ids holds {low if low < 0 else high}, outside the vocabulary of {text.vocab_size:,}: "
+                                 "tokenize with this model's own tokenizer.")
+    return input_ids
+
+
 def _chunk_loss_sum(head, softcap, hidden, targets):
     logits = head(hidden)
     if softcap is not None:  # as the model's own forward does before its loss
@@ -215,16 +233,11 @@ def causal_lm_loss(model, input_ids: torch.Tensor, labels: torch.Tensor | None =
     (262,144 per token on Gemma 4). ``None``: the model's own forward, every logit at once."""
     from torch.utils.checkpoint import checkpoint
 
-    placement.require_model(model)
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
-        raise InvalidChoiceError(f"input_ids must be a 2-D tensor of token ids (batch x tokens), not {type(input_ids).__name__}"
-                                 f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else ''}; "
-                                 "fine_tuning.pattern_batch makes one.")
+    require_batch(model, input_ids)
     labels = input_ids if labels is None else labels
-    if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape:
-        raise InvalidChoiceError(f"labels must be a tensor shaped like input_ids {tuple(input_ids.shape)}; pass None to "
-                                 "learn the inputs themselves.")
-    require_whole_number(input_ids.shape[1], "the sequence length", minimum=2, unit="tokens")
+    if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape or labels.dtype != torch.long:
+        raise InvalidChoiceError(f"labels must be a tensor of token ids shaped like input_ids {tuple(input_ids.shape)}; "
+                                 "pass None to learn the inputs themselves.")
     if chunk is None:
         return model(input_ids=input_ids, labels=labels, use_cache=False).loss
     chunk = require_whole_number(chunk, "chunk", unit="tokens")

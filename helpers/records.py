@@ -222,7 +222,7 @@ class RouteRun:
 def gpu_route(route: str, model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU_TIER_DIR) -> RouteRun:
     """What the GPU tier recorded for one route (``ple-cpu``, ``cpu-entry``, ...) of a model and quantization."""
     tier = gpu_tier(model, quant, directory)
-    if route not in tier:
+    if not isinstance(route, str) or route not in tier:
         raise InvalidChoiceError(f"route={route!r} was not recorded for {model} {quant}; choose one of {', '.join(sorted(tier))}.")
     record = tier[route]
     prefill = (record.get("prefill") or [{}])[0]
@@ -282,7 +282,7 @@ def plain_string_outcome(transformers_version: str, processor: str, directory: P
 def decode_speed(route: str, model: str = "e4b-shape", quant: str = "nf4", directory: Path = MEASUREMENTS_DIR) -> float:
     """The speed preset's decode tokens/s for one route (``ple-cpu``, ``cpu-entry``, ...)."""
     speeds = decode_speeds(model, quant, directory)
-    if route not in speeds:
+    if not isinstance(route, str) or route not in speeds:
         raise InvalidChoiceError(f"route={route!r} has no recorded decode speed for {model} {quant}; choose one of "
                                  f"{', '.join(speeds)}.")
     return speeds[route]

@@ -22,7 +22,7 @@ pytest.importorskip("hypothesis", reason="hypothesis is in requirements-dev.txt;
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from helpers import decoding, errors, exercises, gguf_route, long_context, placement, planner, synthetic  # noqa: E402
+from helpers import decoding, errors, exercises, fine_tuning, gguf_route, long_context, placement, planner, records, synthetic  # noqa: E402,E501
 from helpers.errors import CourseError  # noqa: E402
 
 PROPERTY = settings(max_examples=25, deadline=None, database=None)
@@ -321,6 +321,49 @@ def test_the_planner_refuses_an_unknown_quant_and_placement(quant, ple):
 @given(bad_choice(tuple(planner.STEPS)))
 def test_the_planner_refuses_a_step_it_does_not_know(step):
     refused(planner.choose, step, "tiny", "cpu")
+
+
+@PROPERTY
+@given(BAD_SIZES)
+def test_the_training_planner_refuses_a_loss_chunk_that_is_no_whole_number_of_positions(loss_chunk):
+    refused(planner.predict_training, "tiny", loss_chunk=loss_chunk)
+    refused(planner.training_fits, "tiny", 8, loss_chunk=loss_chunk)
+
+
+# ------------------------------------------------------------------ the chunked loss and the record readers
+
+
+def bad_batches() -> st.SearchStrategy:
+    """What is no training batch of the tiny model: other types, floats, bools, 1-D or 3-D, one token a row, no rows,
+    ids outside the vocabulary, a row longer than its positions."""
+    return st.one_of(
+        WRONG_TYPES.filter(lambda v: not isinstance(v, torch.Tensor)), st.lists(st.integers(0, 100), max_size=5),
+        st.integers(2, 6).map(lambda n: torch.ones(1, n)), st.integers(2, 6).map(lambda n: torch.ones(1, n, dtype=torch.bool)),
+        st.integers(2, 6).map(lambda n: torch.ones(n, dtype=torch.long)), st.just(torch.ones(1, 1, 3, dtype=torch.long)),
+        st.integers(1, 3).map(lambda b: torch.ones(b, 1, dtype=torch.long)), st.just(torch.ones(0, 4, dtype=torch.long)),
+        st.integers(-10**6, -1).map(lambda i: torch.tensor([[5, i]])),
+        st.integers(TINY.vocab_size, 10**9).map(lambda i: torch.tensor([[i, 5]])),
+        st.just(torch.full((1, TINY.max_position_embeddings + 1), 5)))
+
+
+@PROPERTY
+@given(bad_batches(), BAD_SIZES)
+def test_the_chunked_loss_refuses_what_is_no_batch_and_a_chunk_that_is_no_size(model, ids, chunk):
+    refused(fine_tuning.causal_lm_loss, model, ids)
+    refused(fine_tuning.causal_lm_loss, model, torch.tensor([[2, 20, 30]]), chunk=chunk)
+    refused(fine_tuning.causal_lm_loss, model, torch.tensor([[2, 20, 30]]), torch.tensor([[2, 20]]))
+
+
+@PROPERTY
+@given(st.one_of(st.text(max_size=12), WRONG_TYPES))
+def test_a_route_the_gpu_tier_did_not_record_is_refused_by_its_readers(route):
+    refused(records.gpu_route, route)
+    refused(records.decode_speed, route)
+
+
+def test_the_chunked_loss_and_the_readers_still_take_good_values(model):
+    assert torch.isfinite(fine_tuning.causal_lm_loss(model, torch.tensor([[2, 20, 30, 40]]), chunk=2))
+    assert records.gpu_route("ple-cpu").resident_bytes > 0 and records.decode_speed("ple-cpu") > 0
 
 
 # ------------------------------------------------------------------ the exercises and the build command
