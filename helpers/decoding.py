@@ -99,6 +99,7 @@ class Decoder:
 
 def hooked_modules(model) -> list:
     """Names of the modules accelerate has wrapped (``_hf_hook``)."""
+    placement.require_model(model)
     return [name for name, module in model.named_modules() if hasattr(module, "_hf_hook")]
 
 
@@ -107,6 +108,7 @@ def attach_placement_hooks(model):
     ``dispatch_model`` with the model's ``_skip_keys_device_placement``, as transformers'
     ``accelerate_dispatch`` calls it), here on whatever device the model is on: on a CPU-only machine
     transformers attaches none, so this shows the GPU's structure on the tiny model."""
+    placement.require_model(model)
     from accelerate import dispatch_model
 
     if getattr(model, "hf_quantizer", None) is not None:
@@ -129,6 +131,7 @@ def attach_placement_hooks(model):
 def check_single_device(model) -> torch.device:
     """The one device every weight but the PLE table is on; a CourseError naming the fix otherwise (weights
     accelerate offloads, weights on several devices, a PLE table on the CPU that only its hook serves)."""
+    placement.require_model(model)
     offloaded = [name for name, module in model.named_modules() if getattr(getattr(module, "_hf_hook", None), "offload", False)]
     if offloaded:
         raise TunedDecodeError(f"accelerate offloads {offloaded[0]!r} (its weights live on 'meta' and its hook copies them "
@@ -159,6 +162,7 @@ def check_single_device(model) -> torch.device:
 def remove_hooks(model) -> int:
     """Take accelerate's hooks off every module once placement is fixed (checked by ``check_single_device``);
     the course's PLE lookup stays. Returns how many modules had one."""
+    placement.require_model(model)
     from accelerate.hooks import remove_hook_from_module
 
     check_single_device(model)
@@ -171,6 +175,7 @@ def remove_hooks(model) -> int:
 
 def language_model(model):
     """The text decoder (``Gemma4TextModel``) that computes the per-layer inputs."""
+    placement.require_model(model)
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model.language_model
     return getattr(decoder, "language_model", decoder)
 
@@ -178,6 +183,7 @@ def language_model(model):
 def text_ids(model, ids: torch.Tensor) -> torch.Tensor:
     """The ids the model's own forward looks up for ``ids``: ``Gemma4Model.forward`` (5.5.2 to 5.24) takes the image,
     audio and video placeholders, found by its ``get_placeholder_mask``, as the text config's pad token."""
+    placement.require_model(model)
     base = getattr(model, "model", None)
     if not hasattr(base, "get_placeholder_mask"):
         return ids  # a text-only model looks up the ids as they are
@@ -188,6 +194,7 @@ def text_ids(model, ids: torch.Tensor) -> torch.Tensor:
 def text_inputs(model, ids: torch.Tensor) -> dict:
     """``inputs_embeds`` and ``per_layer_inputs`` of ``ids`` as the model's own forward computes them from
     ``input_ids`` (placeholders as the pad token), for a step that takes them from outside."""
+    placement.require_model(model)
     ids = text_ids(model, ids)
     embeds = model.get_input_embeddings()(ids)
     return {"inputs_embeds": embeds, "per_layer_inputs": language_model(model).get_per_layer_inputs(ids, embeds)}
@@ -196,6 +203,7 @@ def text_inputs(model, ids: torch.Tensor) -> dict:
 def supports_ple_outside(model) -> bool:
     """Whether this transformers release lets the multimodal model take ``per_layer_inputs`` (5.17 and
     later here; 5.5.2's ``Gemma4ForConditionalGeneration.forward`` has no such argument)."""
+    placement.require_model(model)
     return "per_layer_inputs" in inspect.signature(model.forward).parameters
 
 
@@ -575,6 +583,7 @@ def loop_host_reads(model, ids: torch.Tensor, settings: Decoder, new_tokens: int
     """How many times the decode loop of ``TunedGreedy(model, settings)`` reads a tensor on the host over
     ``new_tokens`` tokens, the step itself not counted (on a GPU it is a graph replay, which reads nothing on the
     host; on a CPU it runs eagerly), nor the prefill and the masks made before the loop."""
+    placement.require_model(model)
     live = {"counter": None}
 
     def uncounted(function):
@@ -636,6 +645,7 @@ def plain_greedy(model, ids: torch.Tensor, new_tokens: int, *, static_cache: boo
 def graph_breaks(model, ids: torch.Tensor, *, ple_outside: bool = True) -> dict:
     """``torch._dynamo.explain`` of one decode step of ``model`` as it stands (hooks or not): how many graphs
     and graph breaks, and the first reasons. Nothing is compiled."""
+    placement.require_model(model)
     import torch._dynamo
 
     device = placement.compute_device_of(model)

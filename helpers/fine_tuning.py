@@ -64,12 +64,14 @@ def lora_config(rank: int = RANK, alpha: int = ALPHA, dropout: float = 0.0):
 
 def adapter_shapes(model) -> dict:
     """(in, out) features of every projection LoRA wraps, by module name; works on a meta model."""
+    placement.require_model(model)
     return {name: (module.in_features, module.out_features) for name, module in model.named_modules()
             if is_target(name) and hasattr(module, "in_features")}
 
 
 def adapter_parameters(model, rank: int = RANK) -> int:
     """How many numbers the adapters hold: ``rank x (in + out)`` per wrapped projection."""
+    placement.require_model(model)
     return sum(rank * (fan_in + fan_out) for fan_in, fan_out in adapter_shapes(model).values())
 
 
@@ -160,12 +162,14 @@ def qlora(source=None, device=0, rank: int = RANK, alpha: int = ALPHA, *, quant:
 
 
 def trainable(model) -> list:
+    placement.require_model(model)
     return [parameter for parameter in model.parameters() if parameter.requires_grad]
 
 
 def optimizer_for(model, learning_rate: float = 1e-3):
     """bitsandbytes' paged 8-bit AdamW on a GPU (2 bytes of state per parameter, paged out under pressure);
     torch's AdamW on the CPU, where the paged optimizers do not run."""
+    placement.require_model(model)
     parameters = trainable(model)
     if not parameters:
         raise InvalidChoiceError("the model has no trainable parameters; wrap it with fine_tuning.add_adapters first.")

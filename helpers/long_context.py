@@ -39,12 +39,14 @@ DEFAULT_CHUNK = 2048  # the prefill chunk of the recorded H200 long-context runs
 
 
 def text_config_of(model):
+    require_model(model)
     return model.config.get_text_config()
 
 
 def cache_argument(model) -> str:
     """The name ``forward`` and ``generate`` take the cache under: ``cache`` from transformers 5.2x,
     ``past_key_values`` before (older releases swallow the other name silently)."""
+    require_model(model)
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 

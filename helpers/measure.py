@@ -43,6 +43,7 @@ def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32, *, keep_l
     """Greedy-decode exactly ``new_tokens`` after a fixed prompt: the tokens, their hash, how many
     distinct ones (a random-weight model that repeats one token proves nothing) and the time; with
     ``keep_logits`` the full logits of every step (float32, on the CPU) and their hash."""
+    placement.require_model(model)
     device = placement.compute_device_of(model)  # not the PLE table's device, which may be the CPU
     ids = prompt_ids(tokenizer, prompt_length, device)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -150,6 +151,7 @@ def self_consistent_steps(first: torch.Tensor, second: torch.Tensor) -> int:
 def ple_row_nudged(model, token_id: int):
     """The control for an identity check: one PLE row moved by one bf16 ulp (its bit pattern + 1),
     restored on exit. A comparison that cannot tell this model from the original proves nothing."""
+    placement.require_model(model)
     tables = [model.get_submodule(name).weight for name in placement.require_ple(model)]
     originals = [table.data[token_id].clone() for table in tables]
     with torch.no_grad():
@@ -165,6 +167,7 @@ def ple_row_nudged(model, token_id: int):
 
 def placeholder_ids(model) -> tuple:
     """The image, audio and video placeholder ids the model's forward looks up as the pad token."""
+    placement.require_model(model)
     return tuple(getattr(model.config, f"{kind}_token_id") for kind in ("image", "audio", "video"))
 
 
@@ -175,6 +178,7 @@ def placeholders_emitted(model, greedy_tokens, *, boost: float = 1.125):
     a token greedy chose at a later step that it had not chosen before, so the placeholder wins there and the steps
     before are unchanged; ``greedy_tokens()`` runs the reference decode. Yields {placeholder id: step}; the rows (tied
     to the input embedding) are restored on exit. Fails in one sentence where no step can be forced."""
+    placement.require_model(model)
     head = model.get_output_embeddings().weight
     placeholders = placeholder_ids(model)
     saved = {token: head.data[token].clone() for token in placeholders}
@@ -223,6 +227,7 @@ def prefill_peak(model, tokenizer, context: int, device, new_tokens: int = 1, se
     """Peak GPU memory and speed of one ``generate`` prefill of ``context`` tokens (and
     ``new_tokens`` - 1 decoded after it), plain or with long-context ``settings``;
     ``{"context", "oom": True, ...}`` when it runs out of memory."""
+    placement.require_model(model)
     ids = prompt_ids(tokenizer, context, device)
     torch.cuda.reset_peak_memory_stats(device)
     try:
@@ -257,6 +262,7 @@ def memory_readout(device) -> dict:
 
 def snapshot_prefill(model, tokenizer, context: int, path, device) -> Path:
     """Record every allocation of one prefill and save it for https://pytorch.org/memory_viz."""
+    placement.require_model(model)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.cuda.memory._record_memory_history(max_entries=200_000)
@@ -271,4 +277,5 @@ def snapshot_prefill(model, tokenizer, context: int, path, device) -> Path:
 def fits_context(model, tokenizer, context: int, device, decode_tokens: int = FIT_DECODE_TOKENS,
                  settings: LongContext | None = None) -> bool:
     """Does a prefill of ``context`` tokens plus a few decoded ones run without running out of memory?"""
+    placement.require_model(model)
     return not prefill_peak(model, tokenizer, context, device, new_tokens=decode_tokens, settings=settings).get("oom")

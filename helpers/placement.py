@@ -95,25 +95,30 @@ def check_map_devices(device_map) -> None:
 
 def modules_named(model, suffix: str) -> list[str]:
     """Full names of the modules whose name ends in ``suffix`` (robust to PEFT and other prefixes)."""
+    require_model(model)
     return [name for name, _ in model.named_modules() if name == suffix or name.endswith("." + suffix)]
 
 
 def ple_module_names(model) -> list[str]:
     """Names of the PLE tables, found by suffix so PEFT wrappers and other prefixes still match."""
+    require_model(model)
     return modules_named(model, PLE_SUFFIX)
 
 
 def tower_module_names(model) -> list[str]:
     """The vision and audio towers and their projections, by suffix (a text-only checkpoint has none)."""
+    require_model(model)
     return [name for suffix in TOWER_SUFFIXES for name in modules_named(model, suffix)]
 
 
 def token_table_names(model) -> list[str]:
     """The token embedding(s) of the text model, by suffix: ``...language_model.embed_tokens``."""
+    require_model(model)
     return modules_named(model, TOKEN_TABLE_SUFFIX)
 
 
 def require_ple(model) -> list[str]:
+    require_model(model)
     names = ple_module_names(model)
     if not names:
         raise NoPLETableError(
@@ -161,6 +166,7 @@ def validate_device_map(model, device_map: dict) -> None:
     warns), a key that catches a parameter outside its own subtree (transformers matches by bare
     prefix: ``layers.1`` catches ``layers.10`` unless ``layers.10`` has its own key), and a
     parameter no key covers (accelerate's ``check_device_map`` refuses it after a long load)."""
+    require_model(model)
     modules = [name for name, _ in model.named_modules() if name]
     tensors = list(model.state_dict().keys())
     known = set(modules) | set(tensors)
@@ -230,6 +236,7 @@ def split_device_map(model, compute_device, elsewhere: dict) -> dict:
 def auto_device_map(model, max_memory: dict) -> dict:
     """The map ``device_map="auto"`` would choose under ``max_memory``, computed by accelerate on
     a meta model (no GPU needed)."""
+    require_model(model)
     from accelerate import infer_auto_device_map
     from accelerate.utils import convert_file_size_to_int
 
@@ -240,6 +247,7 @@ def auto_device_map(model, max_memory: dict) -> dict:
 
 def bytes_per_device(model, device_map: dict) -> dict:
     """How many bytes of weights a device map puts on each device (accelerate's module sizes)."""
+    require_model(model)
     from accelerate.utils import compute_module_sizes
 
     sizes = compute_module_sizes(model)
@@ -350,6 +358,7 @@ def map_host_tables(model) -> list:
     """Turn every table the course looks up on the CPU into one its GPU reads in place (``install_mapped_table``),
     so that a decode step can gather rows without the ids leaving the GPU. The names of the tables changed; a
     table whose GPU cannot map host pages keeps its CPU lookup. Nothing changes on a CPU."""
+    require_model(model)
     mapped = []
     for name, module in model.named_modules():
         device = getattr(module, "_ple_compute_device", None)
@@ -374,6 +383,7 @@ def has_cpu_lookup(module) -> bool:
 
 def served_from_host(model) -> list:
     """Names of the modules the course serves from host memory (a table's CPU lookup, a tower run on the CPU)."""
+    require_model(model)
     return [name for name, module in model.named_modules() if runs_on_cpu(module)]
 
 
@@ -385,6 +395,7 @@ def within(name: str, modules: list) -> bool:
 def compute_device_of(model) -> torch.device:
     """Where the decoder layers run (the first parameter that is not the PLE table or another module the course
     serves from host memory)."""
+    require_model(model)
     served = served_from_host(model)
     for name, param in model.named_parameters():
         if PLE_SUFFIX in name or param.device.type == "meta" or within(name, served):
@@ -397,6 +408,7 @@ def served_from_host_last(model) -> None:
     """Move the modules the course serves from host memory to the end of their parents' children. transformers'
     ``model.device`` is the first parameter's device, and ``generate`` moves its inputs there: with the vision tower
     (registered first) or the token table on the CPU, that would be the CPU."""
+    require_model(model)
     for name, module in list(model.named_modules()):
         if name and runs_on_cpu(module):
             parent_name, _, child = name.rpartition(".")
@@ -619,6 +631,7 @@ class PlacementReport:
 def unique_tensors(model):
     """Each parameter and buffer once, as ``(module_name, module, tensor_name, tensor)``: tied
     weights share storage and are yielded once (on ``meta``, where there is no storage, by identity)."""
+    require_model(model)
     seen: set = set()
     for module_name, module in model.named_modules():
         tensors = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))

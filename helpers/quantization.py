@@ -9,6 +9,7 @@ import torch
 
 from .errors import require_bool, require_choice, require_module_names
 from .noise import INT8_CAST, silenced
+from .placement import require_model
 
 QUANTS = ("bf16", "nf4", "fp4", "int8")
 Quant = Literal["bf16", "nf4", "fp4", "int8"]
@@ -50,6 +51,7 @@ def quantization_config(quant: Quant, *, cpu_entries: bool = False, keep_bf16=()
 
 def layer_kinds(model) -> Counter:
     """How many layers of each kind the model holds: what bitsandbytes converted and what it left."""
+    require_model(model)
     kinds: Counter = Counter()
     for _, module in model.named_modules():
         if not any(True for _ in module.children()) or type(module).__name__ in ("Linear4bit", "Linear8bitLt"):
@@ -59,6 +61,7 @@ def layer_kinds(model) -> Counter:
 
 def quant_of(model) -> str:
     """The ``QUANTS`` choice a loaded model was quantized with, read from its layers."""
+    require_model(model)
     import bitsandbytes as bnb
 
     for _, module in model.named_modules():
@@ -71,6 +74,7 @@ def quant_of(model) -> str:
 
 def unquantized_linears(model) -> list:
     """Names of plain ``nn.Linear`` layers that stayed in bf16."""
+    require_model(model)
     import bitsandbytes as bnb
 
     converted = (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)
@@ -80,6 +84,7 @@ def unquantized_linears(model) -> list:
 
 def logits_of(model, input_ids: torch.Tensor) -> torch.Tensor:
     """Logits of one plain forward over ``input_ids`` (float32, on the CPU): keep them, free the model."""
+    require_model(model)
     with torch.no_grad(), silenced(INT8_CAST):
         return model(input_ids=input_ids.to(model.device)).logits.float().cpu()
 

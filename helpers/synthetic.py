@@ -23,6 +23,7 @@ from . import checksums
 from .errors import CourseError, DiskFullError, InvalidChoiceError, SyntheticInitError, is_no_room, require_bool, require_whole_number
 from .host_memory import peak_rss_bytes
 from .paths import BUILDS_DIR, CONFIG_DIR, cache_dir, cache_subfolder, writable_folder, write_text_atomically
+from .placement import require_model
 
 SHAPES = {
     "tiny": "tiny.config.json",
@@ -591,6 +592,7 @@ def course_init_fills(model) -> dict:
     scores spread by ~sqrt(head_dim), attention becomes an argmax, and bf16 rounding differences
     between kernels flip greedy tokens. The decoder's post-norms get ``POST_NORM_SCALE`` (above).
     """
+    require_model(model)
     fills = {}
     for name, module in model.named_modules():
         if name.split(".")[-1] in POST_NORMS and ".language_model." in f".{name}":

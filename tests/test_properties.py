@@ -8,9 +8,12 @@ few dozen examples, on a tiny model loaded once."""
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 import io
 import itertools
 import math
+import pkgutil
 import tempfile
 from pathlib import Path
 
@@ -364,6 +367,63 @@ def test_a_route_the_gpu_tier_did_not_record_is_refused_by_its_readers(route):
 def test_the_chunked_loss_and_the_readers_still_take_good_values(model):
     assert torch.isfinite(fine_tuning.causal_lm_loss(model, torch.tensor([[2, 20, 30, 40]]), chunk=2))
     assert records.gpu_route("ple-cpu").resident_bytes > 0 and records.decode_speed("ple-cpu") > 0
+
+
+def takes_a_loaded_model_first() -> list:
+    """Every public function of helpers whose first parameter is ``model``, a loaded model rather than its name:
+    found anew each run, so a function added tomorrow is covered without anyone listing it."""
+    import helpers
+
+    found = []
+    for info in pkgutil.iter_modules(helpers.__path__):
+        module = importlib.import_module(f"helpers.{info.name}")
+        for name, function in vars(module).items():
+            if name.startswith("_") or not inspect.isfunction(function) or function.__module__ != module.__name__:
+                continue
+            first = next(iter(inspect.signature(function).parameters.values()), None)
+            if first is not None and first.name == "model" and "str" not in str(first.annotation):
+                found.append(function)
+    return found
+
+
+def call_through(function, first):
+    """Call ``function`` with ``first`` and None for its other required arguments, and run what it returns where
+    that is a generator or a context manager: its checks run only then."""
+    required = [p for p in list(inspect.signature(function).parameters.values())[1:]
+                if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    result = function(first, *[None] * len(required))
+    if inspect.isgenerator(result):
+        next(result)
+    elif hasattr(result, "__enter__"):
+        with result:
+            pass
+
+
+LOADED_MODEL_FIRST = takes_a_loaded_model_first()
+
+
+def answered(function, value) -> str:
+    try:
+        call_through(function, value)
+    except CourseError as error:
+        return "several lines" if "\n" in str(error).strip() else "clear"
+    except Exception as error:  # noqa: BLE001 - what the property must never see
+        return f"bare {type(error).__name__}"
+    return "silent"
+
+
+@PROPERTY
+@given(st.one_of(WRONG_TYPES.filter(lambda v: v is not None), st.text(max_size=8)))  # None: "the default model"
+def test_every_public_function_taking_a_model_refuses_what_is_no_model_before_any_work(value):
+    assert len(LOADED_MODEL_FIRST) > 50
+    wrong = {f"{f.__module__}.{f.__qualname__}": answered(f, value) for f in LOADED_MODEL_FIRST}
+    assert {name: outcome for name, outcome in wrong.items() if outcome != "clear"} == {}
+
+
+def test_a_function_taking_a_model_still_takes_one():
+    # the control: the refusal above is about the value, not about every call
+    skeleton = placement.require_model(torch.nn.Linear(2, 2))
+    assert placement.modules_named(skeleton, "weight") == [] and placement.bytes_per_device(skeleton, {"": "cpu"})
 
 
 # ------------------------------------------------------------------ the exercises and the build command
