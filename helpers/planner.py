@@ -49,7 +49,7 @@ from .models import requested, smaller_siblings
 from .paths import PLANNER_DIR, write_text_atomically
 from .placement import PLACEMENTS, human_bytes
 from .quantization import QUANTS
-from .records import gpu_tier_host, latest_records, read_json
+from .records import Table, gpu_tier_host, latest_records, read_json
 from .weights import GPU_HEADROOM_BYTES, WeightEstimate, meta_model, weight_bytes
 
 CALIBRATION = PLANNER_DIR / "activations.json"
@@ -767,6 +767,16 @@ def host_records(directory=None) -> list:
     tier = gpu_tier_host() if directory is None else gpu_tier_host(directory=directory)
     return [(route, record) for route, record in tier.items()
             if route in HOST_ROUTES and record and record.get("host_load_anon_peak_bytes")]
+
+
+def host_predictions(directory=None):
+    """The planner's anonymous host memory while generating beside the GPU tier's measurement, by route: a table."""
+    rows = []
+    for route, record in host_records(directory):
+        estimate = predict_host(record["model"], record["quant"], "cpu" if route == "ple-cpu" else "gpu",
+                                offload_after_load=HOST_ROUTES[route])
+        rows.append((route, f"{estimate.anon_generate_bytes / 1e9:.2f}", f"{record['host_generate_anon_peak_bytes'] / 1e9:.2f}"))
+    return Table(("route", "predicted anonymous, generating (GB)", "measured (GB)"), tuple(rows), "GPU_RECORD=1 make test-gpu-tier")
 
 
 def calibrate_host(rows: list) -> dict:

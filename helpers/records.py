@@ -417,6 +417,16 @@ def _gpu_tier_memory(directory: Path) -> Table:
     return Table(("route", "allocated after load, GB", "reserved, GB"), rows, "GPU_RECORD=1 make test-gpu")
 
 
+def host_memory_table(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU_TIER_DIR) -> Table:
+    """The GPU tier's host memory peaks by route: anonymous (what runs a VM out of RAM) and file-backed (page cache)."""
+    routes = gpu_tier_host(model, quant, directory)
+    rows = tuple((route, f"{r['host_load_anon_peak_bytes'] / 1e9:.2f}", f"{r['host_generate_anon_peak_bytes'] / 1e9:.2f}",
+                  f"{r['host_load_file_peak_bytes'] / 1e9:.2f}", f"{r['host_generate_file_peak_bytes'] / 1e9:.2f}")
+                 for route, r in sorted(routes.items()) if r and r.get("host_load_anon_peak_bytes"))
+    return Table(("route", "anonymous, load (GB)", "anonymous, generate (GB)", "file-backed, load (GB)",
+                  "file-backed, generate (GB)"), rows, "GPU_RECORD=1 make test-gpu-tier")
+
+
 def _versus_ple_gpu(check: dict) -> str:
     if check["identical"]:
         return f"identical over {check['steps']} steps"
@@ -519,7 +529,8 @@ TABLES = {"ple-offload": (_ple_offload, GPU_TIER_DIR), "decode-by-route": (_deco
           "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
           "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR), "gguf-route": (_gguf_route, GGUF_DIR),
           "route-comparison": (_route_comparison, GGUF_DIR), "cited-route-comparison": (_cited_route_comparison, GGUF_DIR),
-          "plain-string-outcomes": (_plain_string_outcomes, CHAT_DIR)}
+          "plain-string-outcomes": (_plain_string_outcomes, CHAT_DIR),
+          "host-memory": (lambda directory: host_memory_table(directory=directory), GPU_TIER_DIR)}
 
 
 def table(name: str, directory: Path | None = None) -> Table:

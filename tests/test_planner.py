@@ -399,3 +399,12 @@ def test_a_step_of_its_own_model_shows_that_model_whichever_the_learner_chose_an
     assert planner.choose("09.decode", "e4b-shape", card_gb=8).model == "e4b-shape"  # the control: a step of the learner's model
     plan = planner.course_plan("e4b-shape", card_gb=8, ram_bytes=64e9)
     assert {choice.model for choice in plan.choices if choice.step == "09.host-free"} == {"tiny"}
+
+
+def test_the_host_prediction_table_sets_the_planner_beside_each_measured_route():
+    table = planner.host_predictions()
+    measured = dict(planner.host_records())
+    assert [row[0] for row in table.rows] == list(measured) and len(measured) >= 3
+    for route, predicted, recorded in table.rows:
+        assert float(recorded) == round(measured[route]["host_generate_anon_peak_bytes"] / 1e9, 2)
+        assert abs(float(predicted) - float(recorded)) <= 0.25 * float(recorded)  # the post-load copy included

@@ -273,7 +273,7 @@ def test_a_rendered_page_cut_short_fails_the_check_and_a_render_cut_short_leaves
     assert readme.read_text() == whole.replace("| yes |", "| no |", 1) and not list(tmp_path.glob(".*partial"))
 
 
-@pytest.mark.parametrize("name", ["decode-speed", "decode-speed-inductor", "decode-speed-elsewhere"])
+@pytest.mark.parametrize("name", ["decode-speed", "decode-speed-inductor", "decode-speed-elsewhere", "host-memory"])
 def test_a_notebook_reads_the_very_table_docs_results_shows(name):
     from helpers import records
     from helpers.paths import REPO_ROOT

@@ -535,17 +535,14 @@ def render_gpu_run(run: dict) -> str:
             f"transformers {run['versions']['transformers']}.")
 
 
-def render_host(stem: str, routes: dict) -> str:
-    lines = [f"**Host memory, {stem.removeprefix('host-')}** (`/proc/self/status` peaks: anonymous memory is what "
-             "runs a Colab VM out of RAM; file-backed is the page cache of the mapped checkpoint):", "",
-             "| route | anonymous, load | anonymous, generate | file-backed, load | file-backed, generate |",
-             "|---|---|---|---|---|"]
-    for route, r in sorted(routes.items()):
-        lines.append(f"| {route} | {gb(r['host_load_anon_peak_bytes'])} | {gb(r['host_generate_anon_peak_bytes'])} | "
-                     f"{gb(r['host_load_file_peak_bytes'])} | {gb(r['host_generate_file_peak_bytes'])} |")
-    first = next(iter(routes.values()))
-    lines += ["", f"On {first['gpu']}, {first['date']}: `GPU_RECORD=1 make test-gpu-tier`."]
-    return "\n".join(lines)
+def render_host(stem: str) -> str:
+    from helpers import records
+
+    model, quant = stem.removeprefix("host-").rsplit("-", 1)
+    table, first = records.host_memory_table(model, quant), next(iter(records.gpu_tier_host(model, quant).values()))
+    return "\n".join([f"**Host memory, {model}-{quant}** (`/proc/self/status` peaks: anonymous memory is what runs a "
+                      "Colab VM out of RAM; file-backed is the page cache of the mapped checkpoint):", "", table.markdown(),
+                      "", f"On {first['gpu']}, {first['date']}: `{table.command}`."])
 
 
 def render_release_probe(probe: dict) -> str:
@@ -633,7 +630,7 @@ def render() -> str:
         elif path.stem == "make-test-gpu":
             blocks.append(render_gpu_run(record))
         elif path.stem.startswith("host-"):
-            blocks.append(render_host(path.stem, record))
+            blocks.append(render_host(path.stem))
         elif path.stem.startswith("release-probe-"):
             blocks.append(render_release_probe(record))
         elif path.stem.startswith("determinism-"):
