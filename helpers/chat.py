@@ -36,6 +36,7 @@ from .errors import (
     require_bool,
     require_choice,
     require_positive_number,
+    require_tokenizer,
     require_whole_number,
 )
 from .placement import compute_device_of
@@ -172,7 +173,7 @@ def _checked_tool_message(message: dict, where: str, earlier: list) -> dict:
 
 def text_of(processor):
     """The tokenizer inside a processor (or the tokenizer itself)."""
-    return getattr(processor, "tokenizer", processor)
+    return getattr(require_tokenizer(processor, "processor"), "tokenizer", processor)
 
 
 @dataclass
@@ -251,6 +252,7 @@ class TextProcessor(ProcessorMixin):
 
 def processor_route(processor):
     """``processor`` if it is a transformers processor, else ``TextProcessor`` around the tokenizer."""
+    require_tokenizer(processor, "processor")
     return processor if isinstance(processor, ProcessorMixin) else TextProcessor(processor)
 
 
@@ -258,6 +260,7 @@ def plain_string_outcome(processor) -> str:
     """What ``apply_chat_template(tokenize=True)`` does with ``{"content": "Hello"}``: ``"accepted"``, or
     the exception's type and message (transformers 5.5-5.6's processors: ``TypeError: string indices
     must be integers, not 'str'``)."""
+    require_tokenizer(processor, "processor")
     try:
         processor.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True,
                                       tokenize=True, return_dict=True)

@@ -116,6 +116,17 @@ def require_bool(value, what: str) -> bool:
     raise InvalidChoiceError(f"{what}={value!r} is not supported; pass True or False.")
 
 
+def require_tokenizer(value, what: str = "tokenizer"):
+    """``value`` if it is a transformers tokenizer, or a processor holding one (its ``.tokenizer``)."""
+    from transformers import PreTrainedTokenizerBase
+
+    if not isinstance(getattr(value, "tokenizer", value), PreTrainedTokenizerBase):
+        shown = repr(value) if len(repr(value)) <= 40 else f"a {type(value).__name__}"
+        raise InvalidChoiceError(f"{what}={shown} is not a tokenizer or processor; pass what loading.load_tokenizer or "
+                                 "loading.load_processor returned.")
+    return value
+
+
 def require_module_names(value, what: str = "keep_bf16") -> tuple:
     """A list or tuple of module names as a tuple; a bare string would be split into characters."""
     if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)) or not all(

@@ -340,6 +340,7 @@ def model_buffers(log: str) -> dict:
 
 def tokenize(llm, text: str) -> list:
     """Token ids as llama.cpp reads a rendered prompt: special tokens parsed, no BOS added (the template wrote it)."""
+    require_llm(llm)
     return llm.tokenize(text.encode(), add_bos=False, special=True)
 
 
@@ -361,6 +362,7 @@ def _special_text(llm, token_id: int) -> str:
 def render_jinja(llm, template: str, messages, **options) -> str:
     """A Jinja chat template rendered the way llama-cpp-python renders the GGUF's own (with the model's
     BOS and EOS text): what ``llama-cli --jinja`` and ``llama-server`` do with ``--chat-template-file``."""
+    require_llm(llm)
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     formatter = Jinja2ChatFormatter(template=template, bos_token=_special_text(llm, llm.token_bos()),
@@ -371,6 +373,7 @@ def render_jinja(llm, template: str, messages, **options) -> str:
 def render_embedded(llm, messages, **options) -> str:
     """The prompt from the template embedded in the GGUF (``tokenizer.chat_template``): what
     ``llama-cli -cnv`` and ``--jinja`` use, and what ``Llama.create_chat_completion`` uses by default."""
+    require_llm(llm)
     return render_jinja(llm, llm.metadata["tokenizer.chat_template"], messages, **options)
 
 
@@ -392,22 +395,30 @@ def render_builtin(name: str, messages) -> str | None:
 def render_name_as_jinja(llm, name: str, messages) -> str:
     """What llama.cpp does with ``--chat-template NAME`` now that ``--jinja`` is on by default: the name
     is not looked up but used as the template's source (common/chat.cpp), so the prompt is the name itself."""
+    require_llm(llm)
     return render_jinja(llm, name, _plain(messages))
 
 
 def stop_tokens(llm) -> list:
     """The ids llama.cpp ends generation on (end-of-generation tokens, read from the vocabulary)."""
+    require_llm(llm)
     import llama_cpp
 
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
     return [i for i in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
 
 
+def require_llm(llm):
+    """``llm`` if it is a llama.cpp model (what ``load`` returned)."""
+    if not all(hasattr(llm, name) for name in ("n_vocab", "n_ctx", "eval", "tokenize", "detokenize")):
+        raise InvalidChoiceError(f"llm={llm!r:.40} is not a llama.cpp model; pass what gguf_route.load returned.")
+    return llm
+
+
 def require_llama_ids(llm, ids, new_tokens: int = 0) -> list:
     """``ids`` as a list of ints if ``llm`` (what ``load`` returned) can read them and ``new_tokens`` more
     within its context; one sentence otherwise (llama.cpp itself would read an empty or oversized prompt)."""
-    if not all(hasattr(llm, name) for name in ("n_vocab", "n_ctx", "eval")):
-        raise InvalidChoiceError(f"llm={llm!r:.40} is not a llama.cpp model; pass what gguf_route.load returned.")
+    require_llm(llm)
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)) or not ids:
         raise InvalidChoiceError(f"ids={ids!r:.40} is not a prompt of token ids; pass a non-empty list of ints, "
                                  f"as gguf_route.tokenize gives.")

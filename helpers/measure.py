@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from . import cards, placement
-from .errors import InvalidChoiceError
+from .errors import InvalidChoiceError, require_tokenizer
 from .long_context import LongContext
 
 # cuBLAS picks reduction orders run to run unless its workspace is fixed (PyTorch's reproducibility notes)
@@ -25,6 +25,7 @@ PROMPT_TEXT = "The per-layer embedding table is a lookup, so only the rows of th
 
 def prompt_ids(tokenizer, length: int, device) -> torch.Tensor:
     """Exactly ``length`` token ids from a fixed text (works for real and synthetic tokenizers)."""
+    require_tokenizer(tokenizer)
     ids = tokenizer(PROMPT_TEXT, add_special_tokens=False)["input_ids"]
     repeated = (ids * (length // max(len(ids), 1) + 1))[: length - 1]
     return torch.tensor([[tokenizer.bos_token_id, *repeated]], device=device)

@@ -369,9 +369,12 @@ def test_the_chunked_loss_and_the_readers_still_take_good_values(model):
     assert records.gpu_route("ple-cpu").resident_bytes > 0 and records.decode_speed("ple-cpu") > 0
 
 
+LOADED_FIRST = ("model", "processor", "tokenizer", "llm")  # a loaded model, its tokenizer or processor, a llama.cpp model
+
+
 def takes_a_loaded_model_first() -> list:
-    """Every public function of helpers whose first parameter is ``model``, a loaded model rather than its name:
-    found anew each run, so a function added tomorrow is covered without anyone listing it."""
+    """Every public function of helpers whose first parameter is a loaded object (``LOADED_FIRST``) rather than a
+    name: found anew each run, so a function added tomorrow is covered without anyone listing it."""
     import helpers
 
     found = []
@@ -381,7 +384,7 @@ def takes_a_loaded_model_first() -> list:
             if name.startswith("_") or not inspect.isfunction(function) or function.__module__ != module.__name__:
                 continue
             first = next(iter(inspect.signature(function).parameters.values()), None)
-            if first is not None and first.name == "model" and "str" not in str(first.annotation):
+            if first is not None and first.name in LOADED_FIRST and "str" not in str(first.annotation):
                 found.append(function)
     return found
 
