@@ -116,6 +116,16 @@ def require_bool(value, what: str) -> bool:
     raise InvalidChoiceError(f"{what}={value!r} is not supported; pass True or False.")
 
 
+def require_model(model, what: str = "model"):
+    """``model`` if it is a torch module (a loaded model, a meta skeleton, a PEFT wrapper)."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        shown = repr(model) if len(repr(model)) <= 40 else f"a {type(model).__name__}"
+        raise InvalidChoiceError(f"{what}={shown} is not a model; pass the model that load_model returned.")
+    return model
+
+
 def require_tokenizer(value, what: str = "tokenizer"):
     """``value`` if it is a transformers tokenizer, or a processor holding one (its ``.tokenizer``)."""
     from transformers import PreTrainedTokenizerBase

@@ -25,6 +25,7 @@ from .errors import (
     NoPLETableError,
     require_bool,
     require_choice,
+    require_model,  # noqa: F401 - placement.require_model, as the notebooks and helpers call it
 )
 from .noise import ABSENT_DEVICE, silenced
 
@@ -42,14 +43,6 @@ HEADS = ("tied", "bf16", "int8", "nf4")
 
 
 # ---------------------------------------------------------------- checking arguments
-
-def require_model(model, what: str = "model"):
-    """``model`` if it is a torch module (a loaded model, a meta skeleton, a PEFT wrapper)."""
-    if not isinstance(model, torch.nn.Module):
-        shown = repr(model) if len(repr(model)) <= 40 else f"a {type(model).__name__}"
-        raise InvalidChoiceError(f"{what}={shown} is not a model; pass the model that load_model returned.")
-    return model
-
 
 def require_device(value, what: str = "device") -> torch.device:
     """The torch device for a GPU index, ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``; one

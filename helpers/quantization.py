@@ -7,9 +7,8 @@ from typing import Literal
 
 import torch
 
-from .errors import require_bool, require_choice, require_module_names
+from .errors import require_bool, require_choice, require_model, require_module_names
 from .noise import INT8_CAST, silenced
-from .placement import require_model
 
 QUANTS = ("bf16", "nf4", "fp4", "int8")
 Quant = Literal["bf16", "nf4", "fp4", "int8"]

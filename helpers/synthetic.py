@@ -20,10 +20,18 @@ from pathlib import Path
 import torch
 
 from . import checksums
-from .errors import CourseError, DiskFullError, InvalidChoiceError, SyntheticInitError, is_no_room, require_bool, require_whole_number
+from .errors import (
+    CourseError,
+    DiskFullError,
+    InvalidChoiceError,
+    SyntheticInitError,
+    is_no_room,
+    require_bool,
+    require_model,
+    require_whole_number,
+)
 from .host_memory import peak_rss_bytes
 from .paths import BUILDS_DIR, CONFIG_DIR, cache_dir, cache_subfolder, writable_folder, write_text_atomically
-from .placement import require_model
 
 SHAPES = {
     "tiny": "tiny.config.json",
