@@ -162,7 +162,6 @@ def check_single_device(model) -> torch.device:
 def remove_hooks(model) -> int:
     """Take accelerate's hooks off every module once placement is fixed (checked by ``check_single_device``);
     the course's PLE lookup stays. Returns how many modules had one."""
-    placement.require_model(model)
     from accelerate.hooks import remove_hook_from_module
 
     check_single_device(model)
@@ -194,7 +193,6 @@ def text_ids(model, ids: torch.Tensor) -> torch.Tensor:
 def text_inputs(model, ids: torch.Tensor) -> dict:
     """``inputs_embeds`` and ``per_layer_inputs`` of ``ids`` as the model's own forward computes them from
     ``input_ids`` (placeholders as the pad token), for a step that takes them from outside."""
-    placement.require_model(model)
     ids = text_ids(model, ids)
     embeds = model.get_input_embeddings()(ids)
     return {"inputs_embeds": embeds, "per_layer_inputs": language_model(model).get_per_layer_inputs(ids, embeds)}
@@ -645,7 +643,6 @@ def plain_greedy(model, ids: torch.Tensor, new_tokens: int, *, static_cache: boo
 def graph_breaks(model, ids: torch.Tensor, *, ple_outside: bool = True) -> dict:
     """``torch._dynamo.explain`` of one decode step of ``model`` as it stands (hooks or not): how many graphs
     and graph breaks, and the first reasons. Nothing is compiled."""
-    placement.require_model(model)
     import torch._dynamo
 
     device = placement.compute_device_of(model)

@@ -116,13 +116,17 @@ def require_bool(value, what: str) -> bool:
     raise InvalidChoiceError(f"{what}={value!r} is not supported; pass True or False.")
 
 
+def brief(value) -> str:
+    """``value`` as an error sentence shows it: its repr where short, else its type."""
+    return repr(value) if len(repr(value)) <= 40 else f"a {type(value).__name__}"
+
+
 def require_model(model, what: str = "model"):
     """``model`` if it is a torch module (a loaded model, a meta skeleton, a PEFT wrapper)."""
     import torch
 
     if not isinstance(model, torch.nn.Module):
-        shown = repr(model) if len(repr(model)) <= 40 else f"a {type(model).__name__}"
-        raise InvalidChoiceError(f"{what}={shown} is not a model; pass the model that load_model returned.")
+        raise InvalidChoiceError(f"{what}={brief(model)} is not a model; pass the model that load_model returned.")
     return model
 
 
@@ -131,8 +135,7 @@ def require_tokenizer(value, what: str = "tokenizer"):
     from transformers import PreTrainedTokenizerBase
 
     if not isinstance(getattr(value, "tokenizer", value), PreTrainedTokenizerBase):
-        shown = repr(value) if len(repr(value)) <= 40 else f"a {type(value).__name__}"
-        raise InvalidChoiceError(f"{what}={shown} is not a tokenizer or processor; pass what loading.load_tokenizer or "
+        raise InvalidChoiceError(f"{what}={brief(value)} is not a tokenizer or processor; pass what loading.load_tokenizer or "
                                  "loading.load_processor returned.")
     return value
 

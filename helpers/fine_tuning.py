@@ -71,7 +71,6 @@ def adapter_shapes(model) -> dict:
 
 def adapter_parameters(model, rank: int = RANK) -> int:
     """How many numbers the adapters hold: ``rank x (in + out)`` per wrapped projection."""
-    placement.require_model(model)
     return sum(rank * (fan_in + fan_out) for fan_in, fan_out in adapter_shapes(model).values())
 
 
@@ -169,7 +168,6 @@ def trainable(model) -> list:
 def optimizer_for(model, learning_rate: float = 1e-3):
     """bitsandbytes' paged 8-bit AdamW on a GPU (2 bytes of state per parameter, paged out under pressure);
     torch's AdamW on the CPU, where the paged optimizers do not run."""
-    placement.require_model(model)
     parameters = trainable(model)
     if not parameters:
         raise InvalidChoiceError("the model has no trainable parameters; wrap it with fine_tuning.add_adapters first.")

@@ -29,8 +29,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import InvalidChoiceError, require_bool, require_choice, require_positive_number, require_whole_number
-from .placement import require_model
+from .errors import (
+    InvalidChoiceError,
+    brief,
+    require_bool,
+    require_choice,
+    require_model,
+    require_positive_number,
+    require_whole_number,
+)
 
 # generate's own cache; the same without the config (every layer keeps every token); preallocated, written in place
 CACHE_KINDS = ("dynamic", "dynamic-without-config", "static")
@@ -70,7 +77,7 @@ def new_cache(model, kind: str = "static", max_cache_len: int | None = None):
 def require_prompt(model, ids, new_tokens: int = 0) -> torch.Tensor:
     """``ids`` if they are one prompt the model can read: a (1, n) integer tensor, n at least 1, each id in its
     vocabulary, the prompt and ``new_tokens`` within its positions; one sentence otherwise."""
-    text = text_config_of(require_model(model))
+    text = text_config_of(model)
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
         shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise InvalidChoiceError(f"ids={shape} is not one prompt of token ids; pass a (1, n) integer tensor, as "
@@ -102,8 +109,7 @@ def require_cache(cache, what: str = "cache"):
     from transformers import Cache
 
     if not isinstance(cache, Cache):
-        shown = repr(cache) if len(repr(cache)) <= 40 else f"a {type(cache).__name__}"
-        raise InvalidChoiceError(f"{what}={shown} is not a transformers cache; pass one that long_context.new_cache returned.")
+        raise InvalidChoiceError(f"{what}={brief(cache)} is not a transformers cache; pass one that long_context.new_cache returned.")
     return cache
 
 

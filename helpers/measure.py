@@ -44,7 +44,6 @@ def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32, *, keep_l
     """Greedy-decode exactly ``new_tokens`` after a fixed prompt: the tokens, their hash, how many
     distinct ones (a random-weight model that repeats one token proves nothing) and the time; with
     ``keep_logits`` the full logits of every step (float32, on the CPU) and their hash."""
-    placement.require_model(model)
     device = placement.compute_device_of(model)  # not the PLE table's device, which may be the CPU
     ids = prompt_ids(tokenizer, prompt_length, device)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -152,7 +151,6 @@ def self_consistent_steps(first: torch.Tensor, second: torch.Tensor) -> int:
 def ple_row_nudged(model, token_id: int):
     """The control for an identity check: one PLE row moved by one bf16 ulp (its bit pattern + 1),
     restored on exit. A comparison that cannot tell this model from the original proves nothing."""
-    placement.require_model(model)
     tables = [model.get_submodule(name).weight for name in placement.require_ple(model)]
     originals = [table.data[token_id].clone() for table in tables]
     with torch.no_grad():
@@ -278,5 +276,4 @@ def snapshot_prefill(model, tokenizer, context: int, path, device) -> Path:
 def fits_context(model, tokenizer, context: int, device, decode_tokens: int = FIT_DECODE_TOKENS,
                  settings: LongContext | None = None) -> bool:
     """Does a prefill of ``context`` tokens plus a few decoded ones run without running out of memory?"""
-    placement.require_model(model)
     return not prefill_peak(model, tokenizer, context, device, new_tokens=decode_tokens, settings=settings).get("oom")

@@ -94,24 +94,20 @@ def modules_named(model, suffix: str) -> list[str]:
 
 def ple_module_names(model) -> list[str]:
     """Names of the PLE tables, found by suffix so PEFT wrappers and other prefixes still match."""
-    require_model(model)
     return modules_named(model, PLE_SUFFIX)
 
 
 def tower_module_names(model) -> list[str]:
     """The vision and audio towers and their projections, by suffix (a text-only checkpoint has none)."""
-    require_model(model)
     return [name for suffix in TOWER_SUFFIXES for name in modules_named(model, suffix)]
 
 
 def token_table_names(model) -> list[str]:
     """The token embedding(s) of the text model, by suffix: ``...language_model.embed_tokens``."""
-    require_model(model)
     return modules_named(model, TOKEN_TABLE_SUFFIX)
 
 
 def require_ple(model) -> list[str]:
-    require_model(model)
     names = ple_module_names(model)
     if not names:
         raise NoPLETableError(
@@ -388,7 +384,6 @@ def within(name: str, modules: list) -> bool:
 def compute_device_of(model) -> torch.device:
     """Where the decoder layers run (the first parameter that is not the PLE table or another module the course
     serves from host memory)."""
-    require_model(model)
     served = served_from_host(model)
     for name, param in model.named_parameters():
         if PLE_SUFFIX in name or param.device.type == "meta" or within(name, served):
