@@ -213,18 +213,21 @@ def training_memory(estimates: dict, ax=None, card_gb=SIMULATED_CARDS_GB, measur
     import matplotlib.pyplot as plt
     import numpy as np
 
-    kinds = {"weights": lambda term: term.startswith("weights"),
-             "adapters, gradients, optimizer": lambda term: "adapter" in term or "gradients (fp32)" in term
-             or term.startswith("optimizer"),
-             "activations (checkpointed)": lambda term: "layer" in term,
-             "logits and the loss": lambda term: term.startswith("logits")}
+    def kind_of(term: str) -> str:  # each term in exactly one kind, so a bar's top is the step's peak
+        if term.startswith("weights"):
+            return "weights"
+        if "adapter" in term or "gradients (fp32)" in term or term.startswith("optimizer"):
+            return "adapters, gradients, optimizer"
+        return "logits and the loss" if term.startswith("logits") else "activations (checkpointed, recomputed)"
+
+    kinds = ("weights", "adapters, gradients, optimizer", "activations (checkpointed, recomputed)", "logits and the loss")
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 4))
     sequences = list(estimates)
     x = np.arange(len(sequences))
     bottom = np.zeros(len(sequences))
-    for kind, belongs in kinds.items():
-        values = np.array([sum(v for t, v in estimates[n].terms.items() if belongs(t)) / 1e9 for n in sequences])
+    for kind in kinds:
+        values = np.array([sum(v for t, v in estimates[n].terms.items() if kind_of(t) == kind) / 1e9 for n in sequences])
         ax.bar(x, values, 0.6, bottom=bottom, label=kind)
         bottom += values
     if measured:
@@ -234,12 +237,14 @@ def training_memory(estimates: dict, ax=None, card_gb=SIMULATED_CARDS_GB, measur
         ax.axhline(gb, color="grey", linestyle=":", linewidth=1)
         ax.annotate(f"{gb:g} GB card", (0, gb), xycoords=("axes fraction", "data"), xytext=(4, 3),
                     textcoords="offset points", fontsize=8, color="grey")
+    tops = [*bottom, *(peak / 1e9 for n, peak in (measured or {}).items() if n in sequences), *card_gb]
+    ax.set_ylim(0, 1.08 * max(tops))
     ax.set_xticks(x, [f"{n:,}" for n in sequences])
     ax.set_xlabel("tokens per training sequence")
     ax.set_ylabel("GB on the GPU (planner)")
     first = next(iter(estimates.values()))
     ax.set_title(f"One LoRA step of {first.model}, {first.quant}, PLE on {first.ple}", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the plot: the card labels stay clear
     return ax
 
 

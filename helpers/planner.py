@@ -10,9 +10,12 @@ and a context length, before anything is loaded; and whether that fits a learner
                (python -m helpers.planner calibrate  ->  data/planner/activations.json)
   logits       generate() keeps the last position only (inside c0); a plain forward over the whole
                prompt keeps n x vocab of them, which predict(all_logits=True) adds
-  training     predict_training(config, sequence=N): one LoRA step with gradient checkpointing, derived from
-               the shapes (weights, adapters, their gradients and optimizer state, the layer inputs checkpointing
-               keeps, one layer recomputed, the logits and the loss); tests/gpu/test_fine_tuning_gpu.py measures it
+  training     predict_training(config, sequence=N): one LoRA step with gradient checkpointing. From the
+               shapes: weights, adapters, their gradients and optimizer state, the layer inputs checkpointing
+               keeps, the logits and the loss. Measured: recomputing a layer and its backward pass (masks, the
+               PLE inputs' graph), fitted like the activations from the GPU tier's fine-tuning records
+               (python -m helpers.planner calibrate  ->  data/planner/training.json). The peak is the larger
+               of two moments: the loss, or the backward pass through the layers
   chunked      predict(prefill_chunk=N, path=...): a prefill in chunks of N tokens holds the activations of
                one chunk (the measured profile at N) plus what grows with the whole context while a chunk
                runs, derived from the shapes transformers uses (``chunked_prefill_terms``): on the plain
@@ -49,10 +52,11 @@ from .models import requested, smaller_siblings
 from .paths import PLANNER_DIR, write_text_atomically
 from .placement import PLACEMENTS, human_bytes
 from .quantization import QUANTS
-from .records import Table, gpu_tier_host, latest_records, read_json
+from .records import Table, fine_tuning_records, gpu_tier_host, latest_records, read_json
 from .weights import GPU_HEADROOM_BYTES, WeightEstimate, meta_model, weight_bytes
 
 CALIBRATION = PLANNER_DIR / "activations.json"
+TRAINING_CALIBRATION = PLANNER_DIR / "training.json"
 HOST_CALIBRATION = PLANNER_DIR / "host.json"
 # GPU-tier routes with host memory records, and whether each copies the PLE table into process memory
 HOST_ROUTES = {"ple-gpu": False, "ple-cpu": False, "post-load": True}
@@ -613,20 +617,26 @@ def holdout(records: list) -> dict:
 
 # --- training: the peak of one LoRA step with gradient checkpointing ------------------------------
 #
-# Derived from the shapes, not fitted: the GPU bench (tests/gpu/test_fine_tuning_gpu.py) records the measured peak
-# beside this prediction. Per logit over the whole vocabulary, the step holds the bf16 logits (2 bytes), the tanh
-# output the final soft-capping keeps for backward (2), the loss's fp32 upcast (4), its log-softmax (4) and the
-# gradient (4). The chunked loss (fine_tuning.causal_lm_loss) holds them for one chunk of positions at a time, and
-# beside them the final hidden states with their gradient (bf16 and fp32).
+# The step peaks at one of two moments. At the loss: the layer inputs checkpointing keeps, the final hidden states
+# with their gradient, and per logit over the whole vocabulary the bf16 logits (2 bytes), the tanh output the final
+# soft-capping keeps for backward (2), the loss's fp32 upcast (4), its log-softmax (4) and the gradient (4); the
+# chunked loss (fine_tuning.causal_lm_loss) holds those for one chunk of positions at a time. Or in the backward
+# pass through the layers: the kept inputs again, beside one layer recomputed with its gradients, the attention
+# masks (n^2) and the PLE inputs' graph. That second part is measured, not derived: least squares of c0 + a*n + b*n^2
+# over the steps of tests/gpu/test_fine_tuning_gpu.py whose peak the loss does not explain.
 LOGIT_BYTES_PER_VALUE = 16
 HIDDEN_AND_GRADIENT_BYTES = 6
 ACTIVATION_BYTES = 2  # bf16 activations
 ADAPTER_BYTES = 4  # peft keeps the adapters in fp32 (autocast_adapter_dtype)
+BACKWARD_TERM = "one layer recomputed, its backward, the masks (measured)"
+LOSS_EXPLAINS = 1.05  # a measured step within 5% of the loss's terms peaked at the loss: it says nothing of the backward
+AT_THE_LOSS, IN_THE_BACKWARD = "at the loss", "in the backward pass through the layers"
 
 
 @dataclass
 class TrainingEstimate:
-    """What ``predict_training`` returns: GPU bytes of the weights and at the peak of one training step, by term."""
+    """What ``predict_training`` returns: GPU bytes of the weights and at the peak of one training step, by term
+    (the terms every moment holds, then those of the moment that peaks: ``peak_at``)."""
     model: str
     quant: str
     ple: str
@@ -639,17 +649,21 @@ class TrainingEstimate:
     peak_bytes: int
     cpu_bytes: int
     terms: dict
+    peak_at: str = AT_THE_LOSS
+    other_moment_bytes: int = 0  # the step's GPU bytes at the other moment
 
     @property
     def context(self) -> int:
         return self.sequence
 
     def __str__(self) -> str:
+        other = IN_THE_BACKWARD if self.peak_at == AT_THE_LOSS else AT_THE_LOSS
         lines = [f"{self.model}, {self.quant}, PLE on {self.ple}, LoRA rank {self.rank} "
                  f"({self.adapter_parameters:,} parameters), {self.optimizer}, batch {self.batch} x {self.sequence:,} tokens:",
-                 f"  weights {self.resident_bytes / 1e9:6.2f} GB   training step peak {self.peak_bytes / 1e9:6.2f} GB   "
-                 f"(PLE table on CPU: {self.cpu_bytes / 1e9:.2f} GB)"]
-        lines += [f"    {term:<52} {human_bytes(size):>10}" for term, size in self.terms.items()]
+                 f"  weights {self.resident_bytes / 1e9:6.2f} GB   training step peak {self.peak_bytes / 1e9:6.2f} GB, "
+                 f"{self.peak_at}   (PLE table on CPU: {self.cpu_bytes / 1e9:.2f} GB)",
+                 f"  {other}: {self.other_moment_bytes / 1e9:.2f} GB"]
+        lines += [f"    {term:<56} {human_bytes(size):>10}" for term, size in self.terms.items()]
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer, cycle):
@@ -661,21 +675,94 @@ def _named_adapter_shapes(name: str) -> tuple:
     return tuple(adapter_shapes(meta_model(load_config(name))).items())
 
 
-def widest_layer_outputs(shapes) -> int:
-    """Values per token that the widest decoder layer's wrapped projections produce (what recomputing it holds)."""
-    per_layer: dict = {}
-    for name, (_, fan_out) in shapes:
-        layer = name.split(".layers.")[1].split(".")[0]
-        per_layer[layer] = per_layer.get(layer, 0) + fan_out
-    return max(per_layer.values(), default=0)
+def load_training_calibration(path=TRAINING_CALIBRATION) -> dict:
+    return _read_calibration(path, "training calibration", "GPU_RECORD=1 python -m pytest tests/gpu/test_fine_tuning_gpu.py")
+
+
+def _kept_inputs_bytes(values: dict, tokens: int) -> int:
+    width = values["hidden_size"] + (values.get("hidden_size_per_layer_input") or 0)
+    return tokens * values["num_hidden_layers"] * width * ACTIVATION_BYTES
+
+
+def _loss_terms(values: dict, batch: int, sequence: int, loss_chunk: int | None) -> dict:
+    """What the loss holds beside the kept layer inputs, from the shapes."""
+    if loss_chunk is None:
+        return {"logits, the loss and its gradient": batch * sequence * values["vocab_size"] * LOGIT_BYTES_PER_VALUE}
+    return {"final hidden states and their gradient": batch * sequence * values["hidden_size"] * HIDDEN_AND_GRADIENT_BYTES,
+            f"logits, loss, gradient: {loss_chunk:,} positions at once":
+                batch * min(sequence, loss_chunk) * values["vocab_size"] * LOGIT_BYTES_PER_VALUE}
+
+
+def backward_profile(config, calibration: dict | None = None) -> ActivationProfile:
+    """The measured backward part of a training step (``c0 + a*n + b*n^2`` bytes for n tokens): the architecture's
+    own fit, else the nearest measured one scaled by hidden width x depth (a rough guide, ``exact`` False)."""
+    calibration = calibration or load_training_calibration()
+    architectures = calibration["architectures"]
+    if not architectures:
+        raise FileNotFoundError("The training calibration holds no architecture: run the fine-tuning GPU test, then "
+                                "`python -m helpers.planner calibrate`.")
+    key = architecture_key(config)
+    if key in architectures:
+        fit = architectures[key]
+        return ActivationProfile(fit["c0"], fit["per_token"], fit["per_token_squared"], fit["model"], True)
+    text = text_config_of(config)
+    size = text.hidden_size * text.num_hidden_layers
+    nearest = min(architectures.values(), key=lambda a: abs(math.log(a["hidden_size"] * a["num_hidden_layers"] / size)))
+    scale = size / (nearest["hidden_size"] * nearest["num_hidden_layers"])
+    return ActivationProfile(nearest["c0"] * scale, nearest["per_token"] * scale, nearest["per_token_squared"],
+                             f"{nearest['model']} (scaled x{scale:.2f})", False)
+
+
+def calibrate_training(records: list) -> dict:
+    """Fit the backward part per architecture from fine-tuning records (``tools/fine_tuning_bench.py``): the
+    chunked-loss steps whose measured peak, less the resident weights and adapters, their gradients, the optimizer
+    state and the kept layer inputs, exceeds what the loss holds by more than ``LOSS_EXPLAINS``."""
+    import numpy as np
+
+    points: dict = {}
+    for record in records:
+        if record.get("loss_chunk") is None:
+            continue  # every logit at once: those steps peak at the loss
+        config = load_config(record["model"])
+        values = config_values(config)
+        estimate = predict_training(record["model"], loss_chunk=record["loss_chunk"], calibration=EMPTY_TRAINING)
+        beside = estimate.terms["their gradients (fp32)"] + estimate.terms[f"optimizer state ({estimate.optimizer})"]
+        entry = points.setdefault(architecture_key(config), {"model": record["model"], "rows": [], "recorded_at": []})
+        entry["recorded_at"].append(record["recorded_at"])
+        for row in record["runs"]:
+            if row["outcome"] != "trained":
+                continue
+            n = row["sequence"]
+            backward = row["peak_bytes"] - record["resident_bytes"] - beside - _kept_inputs_bytes(values, n)
+            if backward > (LOSS_EXPLAINS - 1) * _kept_inputs_bytes(values, n) + LOSS_EXPLAINS * sum(
+                    _loss_terms(values, 1, n, record["loss_chunk"]).values()):
+                entry["rows"].append((n, backward))
+    architectures = {}
+    for key, entry in points.items():
+        n = np.array([r[0] for r in entry["rows"]], dtype=float)
+        if len(set(n)) < 3:
+            continue  # a quadratic needs three lengths where the backward pass peaks
+        y = np.array([r[1] for r in entry["rows"]], dtype=float)
+        c0, a, b = np.linalg.lstsq(np.stack([np.ones_like(n), n, n**2], 1), y, rcond=None)[0]
+        text = text_config_of(load_config(entry["model"]))
+        architectures[key] = {"model": entry["model"], "hidden_size": text.hidden_size,
+                              "num_hidden_layers": text.num_hidden_layers, "c0": round(float(c0)),
+                              "per_token": round(float(a), 2), "per_token_squared": round(float(b), 4),
+                              "sequences": sorted({int(v) for v in n}), "recorded_at": max(entry["recorded_at"])}
+    return {"architectures": architectures,
+            "source": "python -m helpers.planner calibrate (from data/gpu-tier/fine-tuning-*.json)"}
+
+
+EMPTY_TRAINING = {"architectures": {}}  # the shapes' terms alone: what calibrate_training subtracts
 
 
 def predict_training(config, quant: str = "nf4", ple: str = "cpu", sequence: int = 512, *, batch: int = 1,
                      rank: int = RANK, optimizer: str = "paged_adamw_8bit",
-                     loss_chunk: int | None = LOSS_CHUNK) -> TrainingEstimate:
+                     loss_chunk: int | None = LOSS_CHUNK, calibration: dict | None = None) -> TrainingEstimate:
     """Predict the GPU peak of one LoRA training step on ``batch`` sequences of ``sequence`` tokens, gradient
     checkpointing on, without loading weights. ``optimizer``: ``"paged_adamw_8bit"`` (the GPU's) or ``"adamw"``;
-    ``loss_chunk``: positions whose logits the loss makes at a time (``fine_tuning.causal_lm_loss``), None for all."""
+    ``loss_chunk``: positions whose logits the loss makes at a time (``fine_tuning.causal_lm_loss``), None for all;
+    ``calibration``: the measured backward part (default: data/planner/training.json)."""
     loss_chunk = None if loss_chunk is None else require_whole_number(loss_chunk, "loss_chunk", unit="tokens")
     require_choice(quant, QUANTS, "quant")
     require_choice(ple, PLACEMENTS, "ple")
@@ -694,43 +781,48 @@ def predict_training(config, quant: str = "nf4", ple: str = "cpu", sequence: int
         shapes = tuple(adapter_shapes(skeleton).items())
     values = config_values(config)
     parameters = sum(rank * (fan_in + fan_out) for _, (fan_in, fan_out) in shapes)
-    tokens = batch * sequence
-    layers, hidden = values["num_hidden_layers"], values["hidden_size"]
-    ple_width = values.get("hidden_size_per_layer_input") or 0
     terms = {f"weights: {part}": size for part, size in sorted(weights.by_course_part().items(), key=lambda kv: -kv[1])}
     terms["LoRA adapters (fp32)"] = parameters * ADAPTER_BYTES
     terms["their gradients (fp32)"] = parameters * ADAPTER_BYTES
     terms[f"optimizer state ({optimizer})"] = parameters * ADAM_STATE_BYTES[optimizer]
-    terms["layer inputs kept by checkpointing"] = tokens * layers * (hidden + ple_width) * ACTIVATION_BYTES
-    terms["one layer recomputed: activations and gradients"] = (
-        2 * tokens * (widest_layer_outputs(shapes) + 4 * hidden) * ACTIVATION_BYTES)
-    if loss_chunk is None:
-        terms["logits, the loss and its gradient"] = tokens * values["vocab_size"] * LOGIT_BYTES_PER_VALUE
+    terms["layer inputs kept by checkpointing"] = _kept_inputs_bytes(values, batch * sequence)
+    at_the_loss = _loss_terms(values, batch, sequence, loss_chunk)
+    calibration = load_training_calibration() if calibration is None else calibration
+    if calibration["architectures"]:
+        in_the_backward = {BACKWARD_TERM: max(0, int(batch * backward_profile(config, calibration).bytes(sequence)))}
     else:
-        terms["final hidden states and their gradient"] = tokens * hidden * HIDDEN_AND_GRADIENT_BYTES
-        terms[f"logits, loss, gradient: {loss_chunk:,} positions at once"] = (
-            batch * min(sequence, loss_chunk) * values["vocab_size"] * LOGIT_BYTES_PER_VALUE)
+        in_the_backward = {}
+    loss_bytes, backward_bytes = sum(at_the_loss.values()), sum(in_the_backward.values())
+    peak_at = AT_THE_LOSS if loss_bytes >= backward_bytes else IN_THE_BACKWARD
+    terms |= at_the_loss if peak_at == AT_THE_LOSS else in_the_backward
     name = label or getattr(config, "_name_or_path", "") or "model"
+    total = int(sum(terms.values()))
     return TrainingEstimate(str(name), quant, ple, sequence, batch, rank, optimizer, parameters, weights.gpu_bytes,
-                            int(sum(terms.values())), weights.cpu_bytes, terms)
+                            total, weights.cpu_bytes, terms, peak_at, total - abs(loss_bytes - backward_bytes))
 
 
 def training_fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", sequence: int = 512, *,
                   batch: int = 1, rank: int = RANK, calibration: dict | None = None,
-                  loss_chunk: int | None = LOSS_CHUNK) -> CardVerdict:
+                  loss_chunk: int | None = LOSS_CHUNK, training_calibration: dict | None = None) -> CardVerdict:
     """Does a LoRA step on ``sequence`` tokens fit a card of ``card_gb`` GB, and what is the longest sequence that
     does? The same margins as ``fits``: the allocator's reserve on what the step adds beside the weights."""
     require_positive_number(card_gb, "card_gb")
     calibration = calibration or load_calibration()
-    estimate = predict_training(config, quant, ple, sequence, batch=batch, rank=rank, loss_chunk=loss_chunk)
+    training_calibration = training_calibration or load_training_calibration()
+
+    def step(n: int) -> TrainingEstimate:
+        return predict_training(config, quant, ple, n, batch=batch, rank=rank, loss_chunk=loss_chunk,
+                                calibration=training_calibration)
+
+    estimate = step(sequence)
     card = card_gb * 1e9
     if estimate.resident_bytes + GPU_HEADROOM_BYTES > card:
         return CardVerdict(card_gb, False, False, None, estimate)
     longest = text_config_of(load_config(config)).max_position_embeddings
 
     def fits_in_card(n: int, reserve: float) -> bool:
-        step = predict_training(config, quant, ple, n, batch=batch, rank=rank, loss_chunk=loss_chunk)
-        return step.resident_bytes + (1 + reserve) * (step.peak_bytes - step.resident_bytes) <= card
+        at = step(n)
+        return at.resident_bytes + (1 + reserve) * (at.peak_bytes - at.resident_bytes) <= card
 
     def largest(reserve: float):
         return largest_true(1, longest, lambda n: fits_in_card(n, reserve), resolution=64)
@@ -1030,7 +1122,7 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description="The memory planner's calibration and predictions.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("calibrate", help="fit the activation profiles from data/measurements into data/planner/")
+    sub.add_parser("calibrate", help="fit the activation and training profiles (data/measurements, data/gpu-tier) into data/planner/")
     plan = sub.add_parser("predict", help="predict resident and peak memory, and the cards it fits")
     plan.add_argument("config", help="synthetic name, folder or hub id")
     plan.add_argument("--quant", default="nf4")
@@ -1049,6 +1141,8 @@ def _run(args) -> int:
         CALIBRATION.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomically(CALIBRATION, json.dumps(calibration, indent=1, sort_keys=True) + "\n")
         write_text_atomically(HOST_CALIBRATION, json.dumps(calibrate_host(host_records()), indent=1, sort_keys=True) + "\n")
+        training = calibrate_training(fine_tuning_records())
+        write_text_atomically(TRAINING_CALIBRATION, json.dumps(training, indent=1, sort_keys=True) + "\n")
         print(f"wrote {CALIBRATION} ({len(calibration['architectures'])} architectures, "
               f"allocator reserve {calibration['allocator_reserve']:.1%}, worst {calibration['allocator_reserve_worst']:.1%})")
         return 0

@@ -246,6 +246,17 @@ def gpu_tier_file(name: str, directory: Path = GPU_TIER_DIR) -> dict:
     return read_json(path)
 
 
+def fine_tuning_records(directory: Path = GPU_TIER_DIR) -> list:
+    """The GPU tier's fine-tuning records (``tools/fine_tuning_bench.py``), in name order."""
+    return [read_json(path) for path in sorted(Path(directory).glob("fine-tuning-*.json"))]
+
+
+def training_peaks(model: str = "e4b-shape", directory: Path = GPU_TIER_DIR) -> dict:
+    """Sequence -> measured peak bytes of one training step on the whole GPU (the profile the planner is fitted on)."""
+    record = gpu_tier_file(f"fine-tuning-{model}-profile.json", directory)
+    return {row["sequence"]: row["peak_bytes"] for row in record["runs"] if row["outcome"] == "trained"}
+
+
 def gguf_route(model: str = "e4b-shape", directory: Path = GGUF_DIR) -> dict:
     """The llama.cpp route measured on a CPU for one checkpoint (``python -m helpers.gguf_route measure``)."""
     path = Path(directory) / f"{model}.json"

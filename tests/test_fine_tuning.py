@@ -4,7 +4,7 @@ wrapper, zero adapters change nothing bit for bit, adapters round-trip exactly, 
 import pytest
 import torch
 
-from helpers import fine_tuning, loading, placement, planner
+from helpers import fine_tuning, loading, placement, planner, records
 
 peft = pytest.importorskip("peft")
 
@@ -205,12 +205,65 @@ def test_the_planners_adapter_and_optimizer_terms_match_the_real_peft_model_and_
 
 def test_the_training_peak_grows_with_the_sequence_and_only_the_activation_terms_do():
     short, long = (planner.predict_training("e4b-shape", sequence=n, loss_chunk=None) for n in (512, 1024))
-    assert long.peak_bytes > short.peak_bytes
+    assert long.peak_bytes > short.peak_bytes and short.peak_at == long.peak_at == planner.AT_THE_LOSS
     grew = {term for term in short.terms if long.terms[term] != short.terms[term]}
-    assert grew == {"layer inputs kept by checkpointing", "one layer recomputed: activations and gradients",
-                    "logits, the loss and its gradient"}
-    assert all(long.terms[term] == 2 * short.terms[term] for term in grew)  # linear: checkpointing keeps no n^2
+    assert grew == {"layer inputs kept by checkpointing", "logits, the loss and its gradient"}
+    assert all(long.terms[term] == 2 * short.terms[term] for term in grew)  # what the shapes give is linear
     assert short.resident_bytes == planner.predict("e4b-shape", "nf4", "cpu", 512).resident_bytes
+
+
+TRAINING_RECORDS = records.fine_tuning_records()
+TRAINED = [(record, row) for record in TRAINING_RECORDS for row in record["runs"] if row["outcome"] == "trained"]
+
+
+def test_the_training_calibration_file_is_exactly_what_the_fine_tuning_records_give():
+    # no backward figure is typed by hand: rerunning the calibration reproduces the file
+    assert planner.calibrate_training(TRAINING_RECORDS) == planner.load_training_calibration()
+
+
+def test_the_fine_tuning_records_reach_long_sequences_where_the_backward_pass_peaks():
+    # the fit needs steps the loss does not explain, and lengths past the cards' safe sequences
+    fitted = next(iter(planner.load_training_calibration()["architectures"].values()))
+    assert len(fitted["sequences"]) >= 5 and max(fitted["sequences"]) >= 16384
+    assert {record["loss_chunk"] is None for record in TRAINING_RECORDS} == {True, False}
+
+
+@pytest.mark.parametrize("record,row", TRAINED, ids=lambda x: f"{x['sequence']}" if "sequence" in x else
+                         f"{x['card_gb'] or 'whole'}-{'chunked' if x['loss_chunk'] else 'whole-loss'}")
+def test_the_planner_meets_every_recorded_training_peak_within_8_percent(record, row):
+    estimate = planner.predict_training(record["model"], sequence=row["sequence"], loss_chunk=record["loss_chunk"])
+    assert estimate.peak_bytes == pytest.approx(row["peak_bytes"], rel=0.08), str(estimate)
+
+
+def test_without_the_measured_backward_the_planner_misses_the_long_recorded_steps():
+    # the control: the shapes' terms alone, as the planner had them, fall short where the backward pass peaks
+    long_rows = [(record, row) for record, row in TRAINED if record["loss_chunk"] and row["sequence"] >= 8192]
+    assert long_rows
+    for record, row in long_rows:
+        shapes_only = planner.predict_training(record["model"], sequence=row["sequence"], loss_chunk=record["loss_chunk"],
+                                               calibration=planner.EMPTY_TRAINING)
+        assert shapes_only.peak_bytes < 0.85 * row["peak_bytes"], (row["sequence"], shapes_only.peak_bytes, row["peak_bytes"])
+
+
+def test_a_short_chunked_step_peaks_at_the_loss_and_a_long_one_in_the_backward_pass():
+    short, long = (planner.predict_training("e4b-shape", sequence=n) for n in (512, 16384))
+    assert (short.peak_at, long.peak_at) == (planner.AT_THE_LOSS, planner.IN_THE_BACKWARD)
+    assert planner.BACKWARD_TERM in long.terms and planner.BACKWARD_TERM not in short.terms
+    assert short.other_moment_bytes < short.peak_bytes and long.other_moment_bytes < long.peak_bytes
+    quadruple = planner.predict_training("e4b-shape", sequence=4 * 16384).terms[planner.BACKWARD_TERM]
+    assert quadruple > 4 * long.terms[planner.BACKWARD_TERM]  # the masks grow with n^2
+
+
+def test_an_unmeasured_architecture_borrows_the_nearest_fit_scaled_and_says_so():
+    profile = planner.backward_profile(planner.load_config("e2b-shape"))
+    assert not profile.exact and "scaled" in profile.measured_on
+    with pytest.raises(FileNotFoundError, match="planner calibrate"):
+        planner.backward_profile(planner.load_config("e2b-shape"), planner.EMPTY_TRAINING)
+
+
+def test_calibrating_from_records_of_too_few_long_steps_fits_nothing():
+    few = [dict(record, runs=[row for row in record["runs"] if row["sequence"] <= 4096]) for record in TRAINING_RECORDS]
+    assert planner.calibrate_training(few)["architectures"] == {}
 
 
 def test_a_chunked_loss_holds_one_chunks_logits_so_the_same_card_trains_a_longer_sequence():

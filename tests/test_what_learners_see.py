@@ -2,6 +2,7 @@
 fits a normal window, a module tree that names its root once, committed outputs without stale widgets or library
 noise. Each check stands beside a drawing or output it must reject."""
 
+import dataclasses
 from pathlib import Path
 
 import matplotlib
@@ -143,3 +144,30 @@ def test_the_long_prompt_chart_draws_the_recorded_paths_solid_beside_the_planner
     ax = charts.peak_against_context_paths(planner.chunked_peaks(records.LONG_CONTEXTS), {})
     assert not [line for line in ax.get_lines() if line.get_linestyle() == "-" and line.get_label()[0] != "_"]
     plt.close(ax.figure)
+
+
+def stacked_tops(ax) -> list:
+    """The top of each stacked bar of a bar chart, left to right."""
+    tops: dict = {}
+    for patch in ax.patches:
+        x = round(patch.get_x(), 6)
+        tops[x] = max(tops.get(x, 0.0), patch.get_y() + patch.get_height())
+    return [tops[x] for x in sorted(tops)]
+
+
+def test_each_training_bar_stacks_to_the_planners_peak_counting_no_term_twice():
+    # "decoder layers" weights once sat in the activations' kind too, so every bar stood 2.2 GB too tall
+    sequences = (512, 2048, 16384)
+    estimates = {n: planner.predict_training("e4b-shape", sequence=n) for n in sequences}
+    ax = charts.training_memory(estimates, measured=records.training_peaks("e4b-shape"))
+    assert stacked_tops(ax) == pytest.approx([estimates[n].peak_bytes / 1e9 for n in sequences], rel=1e-6)
+    assert ax.get_ylim()[1] > max(stacked_tops(ax))
+    marks = next(line for line in ax.lines if line.get_label() == "measured peak")
+    assert len(marks.get_xdata()) == len(sequences)  # the profile has every length drawn
+
+
+def test_a_bar_with_a_term_counted_twice_is_reported_taller_than_the_peak():
+    estimate = planner.predict_training("e4b-shape", sequence=512)
+    doubled = dataclasses.replace(estimate, terms=estimate.terms | {"layer inputs kept, again": estimate.terms["weights: decoder layers"]})
+    ax = charts.training_memory({512: doubled})
+    assert stacked_tops(ax)[0] > estimate.peak_bytes / 1e9 + 2

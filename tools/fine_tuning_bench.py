@@ -6,6 +6,9 @@ sweep, and is recorded as a result. Writes one JSON record.
     python tools/fine_tuning_bench.py --card-gb 8 --out build/fine-tuning-8.json
     python tools/fine_tuning_bench.py --card-gb 15 --sequences 512 1024 2048 4096 8192 --out ...
     python tools/fine_tuning_bench.py --card-gb 8 --loss-chunk none --out ...   # every logit at once, as transformers does
+    python tools/fine_tuning_bench.py --sequences 512 2048 4096 8192 16384 --out ...   # no card: the whole GPU's profile
+
+On a card, the planner's safe and largest sequences for it are tried beside the lengths asked for.
 
 tests/gpu/test_fine_tuning_gpu.py runs it per card and, with GPU_RECORD=1, keeps the records in data/gpu-tier/.
 """
@@ -28,7 +31,7 @@ TIMED_STEPS = 3  # at every other length: the peak and the speed
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="e4b-shape")
-    parser.add_argument("--card-gb", type=float, required=True)
+    parser.add_argument("--card-gb", type=float, help="the card to simulate (default: none, the whole GPU: a profile)")
     parser.add_argument("--sequences", type=int, nargs="+", default=list(SEQUENCES))
     parser.add_argument("--learning-rate", type=float, default=1e-2)
     parser.add_argument("--loss-chunk", type=lambda text: None if text == "none" else int(text), default=LOSS_CHUNK,
@@ -49,7 +52,12 @@ def main(argv=None) -> int:
               "loss_chunk": args.loss_chunk, "torch": torch.__version__,
               "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "runs": []}
-    for index, sequence in enumerate(sorted(args.sequences)):
+    sequences = set(args.sequences)
+    if cap is not None:
+        verdict = planner.training_fits(args.model, cap, loss_chunk=args.loss_chunk)
+        record["planner"] = {"max_context": verdict.max_context, "safe_context": verdict.safe_context}
+        sequences |= {n for n in (verdict.safe_context, verdict.max_context) if n}
+    for index, sequence in enumerate(sorted(sequences)):
         predicted = planner.predict_training(args.model, "nf4", "cpu", sequence, loss_chunk=args.loss_chunk)
         row = {"sequence": sequence, "predicted_peak_bytes": predicted.peak_bytes}
         batch = fine_tuning.pattern_batch(model, sequence)
@@ -68,11 +76,9 @@ def main(argv=None) -> int:
         row.update(outcome="trained", peak_bytes=run.peak_bytes, steps_per_second=run.steps_per_second,
                    losses=run.losses, skipped=run.skipped)
         record["runs"].append(row)
-        print(f"{cap:g} GB, {sequence:,} tokens: {run}", flush=True)
+        print(f"{f'{cap:g} GB' if cap else 'the whole GPU'}, {sequence:,} tokens: {run}", flush=True)
     trained = [row["sequence"] for row in record["runs"] if row["outcome"] == "trained"]
     record["largest_sequence"] = max(trained, default=None)
-    verdict = planner.training_fits(args.model, args.card_gb, loss_chunk=args.loss_chunk)
-    record["planner"] = {"max_context": verdict.max_context, "safe_context": verdict.safe_context}
     write_record(args.out, record)
     return 0
 

@@ -589,16 +589,23 @@ def loss_made(record: dict) -> str:
     return "every logit at once" if chunk is None else f"{chunk:,} positions at a time"
 
 
+def card_label(record: dict) -> str:
+    return "whole GPU" if record["card_gb"] is None else f"{record['card_gb']:g} GB"
+
+
 def render_fine_tuning(paths: list) -> str:
     from helpers import records
 
     # a record without loss_chunk predates the chunked loss: transformers' own, every logit at once
-    cards = sorted((records.read_json(path) for path in paths), key=lambda r: (r["card_gb"], r.get("loss_chunk") is None))
+    cards = sorted((records.read_json(path) for path in paths),
+                   key=lambda r: (r["card_gb"] is None, r["card_gb"] or 0, r.get("loss_chunk") is None))
     first = cards[0]
     lines = [f"**QLoRA on {first['model']}** (`GPU_RECORD=1 python -m pytest tests/gpu/test_fine_tuning_gpu.py`, "
              f"{first['gpu']}, {first['recorded_at'][:10]}, torch {first['torch']}): NF4, PLE on the CPU, LoRA on the text "
              f"decoder, gradient checkpointing, {first['optimizer']}; each card one process, sequences tried in "
-             "ascending order until the first out-of-memory error.", "",
+             "ascending order until the first out-of-memory error, the planner's safe and largest sequence for the card "
+             "among them. The whole GPU's profile is what `python -m helpers.planner calibrate` fits the planner's "
+             "backward term on.", "",
              "| card | loss made | sequence | outcome | peak (GB) | planner's peak (GB) | steps/s | loss, first to last step |",
              "|---|---|---|---|---|---|---|---|"]
     for card in cards:
@@ -607,12 +614,12 @@ def render_fine_tuning(paths: list) -> str:
             if row["outcome"] == "trained":
                 measured = [gb(row["peak_bytes"]), f"{row['steps_per_second']:.2f}",
                             f"{row['losses'][0]:.2f} to {row['losses'][-1]:.2f}"]
-            lines.append(f"| {card['card_gb']:g} GB | {loss_made(card)} | {row['sequence']:,} | {row['outcome']} | {measured[0]} | "
+            lines.append(f"| {card_label(card)} | {loss_made(card)} | {row['sequence']:,} | {row['outcome']} | {measured[0]} | "
                          f"{gb(row['predicted_peak_bytes'])} | {measured[1]} | {measured[2]} |")
     lines += ["", "The planner's safe training sequence against the largest trained: " + ", ".join(
         f"{card['card_gb']:g} GB ({loss_made(card)}) {card['planner']['safe_context']:,} tokens against "
         f"{card['largest_sequence']:,}"
-        for card in cards) + "."]
+        for card in cards if card.get("planner")) + "."]
     return "\n".join(lines)
 
 
