@@ -628,7 +628,7 @@ LOGIT_BYTES_PER_VALUE = 16
 HIDDEN_AND_GRADIENT_BYTES = 6
 ACTIVATION_BYTES = 2  # bf16 activations
 ADAPTER_BYTES = 4  # peft keeps the adapters in fp32 (autocast_adapter_dtype)
-BACKWARD_TERM = "one layer recomputed, its backward, the masks (measured)"
+BACKWARD_TERM = "one layer recomputed, its backward, the masks"  # then (measured), or whose fit it borrows
 LOSS_EXPLAINS = 1.05  # a measured step within 5% of the loss's terms peaked at the loss: it says nothing of the backward
 AT_THE_LOSS, IN_THE_BACKWARD = "at the loss", "in the backward pass through the layers"
 
@@ -663,7 +663,7 @@ class TrainingEstimate:
                  f"  weights {self.resident_bytes / 1e9:6.2f} GB   training step peak {self.peak_bytes / 1e9:6.2f} GB, "
                  f"{self.peak_at}   (PLE table on CPU: {self.cpu_bytes / 1e9:.2f} GB)",
                  f"  {other}: {self.other_moment_bytes / 1e9:.2f} GB"]
-        lines += [f"    {term:<56} {human_bytes(size):>10}" for term, size in self.terms.items()]
+        lines += [f"    {term:<70} {human_bytes(size):>10}" for term, size in self.terms.items()]
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer, cycle):
@@ -789,7 +789,9 @@ def predict_training(config, quant: str = "nf4", ple: str = "cpu", sequence: int
     at_the_loss = _loss_terms(values, batch, sequence, loss_chunk)
     calibration = load_training_calibration() if calibration is None else calibration
     if calibration["architectures"]:
-        in_the_backward = {BACKWARD_TERM: max(0, int(batch * backward_profile(config, calibration).bytes(sequence)))}
+        profile = backward_profile(config, calibration)
+        term = f"{BACKWARD_TERM} ({'measured' if profile.exact else 'scaled from ' + profile.measured_on.split(' (')[0]})"
+        in_the_backward = {term: max(0, int(batch * profile.bytes(sequence)))}
     else:
         in_the_backward = {}
     loss_bytes, backward_bytes = sum(at_the_loss.values()), sum(in_the_backward.values())

@@ -248,15 +248,18 @@ def test_without_the_measured_backward_the_planner_misses_the_long_recorded_step
 def test_a_short_chunked_step_peaks_at_the_loss_and_a_long_one_in_the_backward_pass():
     short, long = (planner.predict_training("e4b-shape", sequence=n) for n in (512, 16384))
     assert (short.peak_at, long.peak_at) == (planner.AT_THE_LOSS, planner.IN_THE_BACKWARD)
-    assert planner.BACKWARD_TERM in long.terms and planner.BACKWARD_TERM not in short.terms
+    measured = f"{planner.BACKWARD_TERM} (measured)"
+    assert measured in long.terms and measured not in short.terms
     assert short.other_moment_bytes < short.peak_bytes and long.other_moment_bytes < long.peak_bytes
-    quadruple = planner.predict_training("e4b-shape", sequence=4 * 16384).terms[planner.BACKWARD_TERM]
-    assert quadruple > 4 * long.terms[planner.BACKWARD_TERM]  # the masks grow with n^2
+    quadruple = planner.predict_training("e4b-shape", sequence=4 * 16384).terms[measured]
+    assert quadruple > 4 * long.terms[measured]  # the masks grow with n^2
 
 
 def test_an_unmeasured_architecture_borrows_the_nearest_fit_scaled_and_says_so():
     profile = planner.backward_profile(planner.load_config("e2b-shape"))
     assert not profile.exact and "scaled" in profile.measured_on
+    borrowed = planner.predict_training("e2b-shape", sequence=16384).terms
+    assert f"{planner.BACKWARD_TERM} (scaled from e4b-shape)" in borrowed  # the learner sees it is borrowed
     with pytest.raises(FileNotFoundError, match="planner calibrate"):
         planner.backward_profile(planner.load_config("e2b-shape"), planner.EMPTY_TRAINING)
 
