@@ -205,16 +205,21 @@ class ActivationProfile:
 def activation_profile(config, quant: str, calibration: dict | None = None) -> ActivationProfile:
     calibration = calibration or load_calibration()
     profile_name = ACTIVATION_PROFILE_OF_QUANT[quant]
-    architectures = calibration["architectures"]
+    measured = {key: entry for key, entry in calibration["architectures"].items() if profile_name in entry["profiles"]}
+    return profile_of(config, measured, lambda entry: entry["profiles"][profile_name])
+
+
+def profile_of(config, architectures: dict, fit_of) -> ActivationProfile:
+    """The fit ``fit_of(entry)`` of the config's own architecture in ``architectures`` (keyed by
+    ``architecture_key``); else the nearest measured one's, scaled by hidden width x depth (a rough guide)."""
     key = architecture_key(config)
-    if key in architectures and profile_name in architectures[key]["profiles"]:
-        fit = architectures[key]["profiles"][profile_name]
+    if key in architectures:
+        fit = fit_of(architectures[key])
         return ActivationProfile(fit["c0"], fit["per_token"], fit["per_token_squared"], architectures[key]["model"], True)
-    # an architecture never measured: scale the closest one by hidden width x depth (a rough guide)
     text = text_config_of(config)
     size = text.hidden_size * text.num_hidden_layers
     nearest = min(architectures.values(), key=lambda a: abs(math.log(a["hidden_size"] * a["num_hidden_layers"] / size)))
-    fit = nearest["profiles"][profile_name]
+    fit = fit_of(nearest)
     scale = size / (nearest["hidden_size"] * nearest["num_hidden_layers"])
     return ActivationProfile(fit["c0"] * scale, fit["per_token"] * scale, fit["per_token_squared"],
                              f"{nearest['model']} (scaled x{scale:.2f})", False)
@@ -701,16 +706,7 @@ def backward_profile(config, calibration: dict | None = None) -> ActivationProfi
     if not architectures:
         raise FileNotFoundError("The training calibration holds no architecture: run the fine-tuning GPU test, then "
                                 "`python -m helpers.planner calibrate`.")
-    key = architecture_key(config)
-    if key in architectures:
-        fit = architectures[key]
-        return ActivationProfile(fit["c0"], fit["per_token"], fit["per_token_squared"], fit["model"], True)
-    text = text_config_of(config)
-    size = text.hidden_size * text.num_hidden_layers
-    nearest = min(architectures.values(), key=lambda a: abs(math.log(a["hidden_size"] * a["num_hidden_layers"] / size)))
-    scale = size / (nearest["hidden_size"] * nearest["num_hidden_layers"])
-    return ActivationProfile(nearest["c0"] * scale, nearest["per_token"] * scale, nearest["per_token_squared"],
-                             f"{nearest['model']} (scaled x{scale:.2f})", False)
+    return profile_of(config, architectures, lambda entry: entry)
 
 
 def calibrate_training(records: list) -> dict:
@@ -727,16 +723,17 @@ def calibrate_training(records: list) -> dict:
         values = config_values(config)
         estimate = predict_training(record["model"], loss_chunk=record["loss_chunk"], calibration=EMPTY_TRAINING)
         beside = estimate.terms["their gradients (fp32)"] + estimate.terms[f"optimizer state ({estimate.optimizer})"]
-        entry = points.setdefault(architecture_key(config), {"model": record["model"], "rows": [], "recorded_at": []})
+        entry = points.setdefault(architecture_key(config), {"model": record["model"], "text": text_config_of(config),
+                                                             "rows": [], "recorded_at": []})
         entry["recorded_at"].append(record["recorded_at"])
         for row in record["runs"]:
             if row["outcome"] != "trained":
                 continue
             n = row["sequence"]
-            backward = row["peak_bytes"] - record["resident_bytes"] - beside - _kept_inputs_bytes(values, n)
-            if backward > (LOSS_EXPLAINS - 1) * _kept_inputs_bytes(values, n) + LOSS_EXPLAINS * sum(
-                    _loss_terms(values, 1, n, record["loss_chunk"]).values()):
-                entry["rows"].append((n, backward))
+            kept = _kept_inputs_bytes(values, n)
+            transient = row["peak_bytes"] - record["resident_bytes"] - beside  # what the step added beside the weights
+            if transient > LOSS_EXPLAINS * (kept + sum(_loss_terms(values, 1, n, record["loss_chunk"]).values())):
+                entry["rows"].append((n, transient - kept))
     architectures = {}
     for key, entry in points.items():
         n = np.array([r[0] for r in entry["rows"]], dtype=float)
@@ -744,9 +741,8 @@ def calibrate_training(records: list) -> dict:
             continue  # a quadratic needs three lengths where the backward pass peaks
         y = np.array([r[1] for r in entry["rows"]], dtype=float)
         c0, a, b = np.linalg.lstsq(np.stack([np.ones_like(n), n, n**2], 1), y, rcond=None)[0]
-        text = text_config_of(load_config(entry["model"]))
-        architectures[key] = {"model": entry["model"], "hidden_size": text.hidden_size,
-                              "num_hidden_layers": text.num_hidden_layers, "c0": round(float(c0)),
+        architectures[key] = {"model": entry["model"], "hidden_size": entry["text"].hidden_size,
+                              "num_hidden_layers": entry["text"].num_hidden_layers, "c0": round(float(c0)),
                               "per_token": round(float(a), 2), "per_token_squared": round(float(b), 4),
                               "sequences": sorted({int(v) for v in n}), "recorded_at": max(entry["recorded_at"])}
     return {"architectures": architectures,
