@@ -212,6 +212,7 @@ def activation_profile(config, quant: str, calibration: dict | None = None) -> A
 def profile_of(config, architectures: dict, fit_of) -> ActivationProfile:
     """The fit ``fit_of(entry)`` of the config's own architecture in ``architectures`` (keyed by
     ``architecture_key``); else the nearest measured one's, scaled by hidden width x depth (a rough guide)."""
+    config = load_config(config)  # a name, folder or hub id too; anything else gets load_config's sentence
     key = architecture_key(config)
     if key in architectures:
         fit = fit_of(architectures[key])

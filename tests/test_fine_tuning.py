@@ -264,6 +264,16 @@ def test_an_unmeasured_architecture_borrows_the_nearest_fit_scaled_and_says_so()
         planner.backward_profile(planner.load_config("e2b-shape"), planner.EMPTY_TRAINING)
 
 
+@pytest.mark.parametrize("profile", [planner.backward_profile, lambda config: planner.activation_profile(config, "nf4")])
+def test_a_profile_reads_a_model_name_and_refuses_what_is_no_config_in_one_sentence(profile):
+    assert profile("e4b-shape").exact
+    from helpers.errors import CourseError
+
+    for bad in (3, "no-such-model"):
+        with pytest.raises(CourseError):
+            profile(bad)
+
+
 def test_calibrating_from_records_of_too_few_long_steps_fits_nothing():
     few = [dict(record, runs=[row for row in record["runs"] if row["sequence"] <= 4096]) for record in TRAINING_RECORDS]
     assert planner.calibrate_training(few)["architectures"] == {}
