@@ -43,7 +43,8 @@ def agenda() -> list:
     runs = [json.loads(p.read_text()) for p in sorted(COURSE_RUNS_DIR.glob("*.json"))]
     gpu = json.loads((GPU_TIER_DIR / "notebooks-e4b-shape.json").read_text())
     cards = ["8 GB", "15 GB", "uncapped"]
-    columns = [f"`{run['model']}` on {run['device']}" for run in runs] + [
+    columns = [f"`{run['model']}` on {run['device']}" + (f" capped to {run['card_gb']:g} GB" if run.get("card_gb") else "")
+               for run in runs] + [
         f"`e4b-shape`, {card if card != 'uncapped' else 'whole'} {'card' if card != 'uncapped' else 'H200'}" for card in cards]
     lines = ["| notebook | what it teaches | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     totals = [0.0] * len(columns)

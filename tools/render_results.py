@@ -7,13 +7,14 @@ record) and the README's headline block (what each card can do, three figures), 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a clone: helpers without an install
-from helpers.paths import GPU_TIER_DIR, REPO_ROOT  # noqa: E402
+from helpers.paths import COURSE_RUNS_DIR, GPU_TIER_DIR, REPO_ROOT  # noqa: E402
 from tools import record_nbval  # noqa: E402  (the one reader of nbval's JUnit files)
 
 README = REPO_ROOT / "README.md"
@@ -623,6 +624,43 @@ def render_fine_tuning(paths: list) -> str:
     return "\n".join(lines)
 
 
+def committed_runs() -> dict:
+    """Each committed notebook's name and the course run its outputs come from (metadata "course_run"), or None."""
+    return {path.name: json.loads(path.read_text()).get("metadata", {}).get("course_run")
+            for path in sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))}
+
+
+def course_run_entries() -> dict:
+    """(run id, notebook) -> (the record of data/course-runs/ the notebook's run is in, its entry there)."""
+    found = {}
+    for path in sorted(COURSE_RUNS_DIR.glob("*.json")):
+        record = json.loads(path.read_text())
+        for name, entry in record["notebooks"].items():
+            if entry.get("run"):
+                found[entry["run"], name] = (record, entry)
+    return found
+
+
+def render_committed_outputs() -> str:
+    entries = course_run_entries()
+    by_run: dict = {}
+    for name, run in committed_runs().items():
+        by_run.setdefault(run["id"] if run else None, []).append(name[:2])
+    lines = ["**The outputs committed in `notebooks/`** (what a learner reading them on GitHub sees):", ""]
+    for run_id, numbers in by_run.items():
+        shown = ", ".join(numbers)
+        entry = next((entries[key] for key in entries if key[0] == run_id), None)
+        if entry is None:
+            lines.append(f"- notebooks {shown}: from no recorded run (`python tools/run_course.py --record --save-outputs`)")
+            continue
+        record, first = entry
+        card = f"capped to {record['card_gb']:g} GB (`CARD_GB`)" if record.get("card_gb") else "with no card simulated"
+        versions = ", ".join(f"{name} {first['versions'][name]}" for name in ("torch", "transformers", "bitsandbytes"))
+        lines.append(f"- notebooks {shown}: run `{run_id}`, `{record['model']}` on {record['device']} {card}, "
+                     f"{first['date']}; {versions}. `{first['command'].split(' notebooks/')[0]} notebooks/*.ipynb`")
+    return "\n".join(lines)
+
+
 def render() -> str:
     from helpers import records
 
@@ -650,6 +688,7 @@ def render() -> str:
             blocks.append(render_trim_probe(path.stem.removeprefix(TRIM_PROBE), record))
         else:
             blocks.append(render_record_set(path.stem, record))
+    blocks.append(render_committed_outputs())
     body = "\n\n".join(blocks) if blocks else "_No GPU records yet: run `GPU_RECORD=1 make test-gpu` on a GPU._"
     return f"{START}\n{body}\n{END}"
 

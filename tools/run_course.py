@@ -3,18 +3,26 @@
     python tools/run_course.py notebooks/*.ipynb
     python tools/run_course.py --save-outputs notebooks/*.ipynb   # maintainers: store outputs in notebooks/
     python tools/run_course.py --record notebooks/*.ipynb   # also write the seconds per notebook to data/course-runs/
+    python tools/run_course.py --jobs 4 ...                 # four notebooks at a time, each in its own kernel
+    python tools/run_course.py --clear-stale notebooks/*.ipynb  # drop the outputs of cells edited since their run
 
 The model comes from $GEMMA_MODEL (default: tiny), so the same command runs the course on a
-CPU, on an E4B-shaped checkpoint on a GPU, or on the real google/gemma-4-E4B-it.
+CPU, on an E4B-shaped checkpoint on a GPU, or on the real google/gemma-4-E4B-it; $CARD_GB caps
+every kernel as a learner's card. A saved notebook carries its run in ``metadata["course_run"]``:
+the run's id, model, card and device, and the hash of every code cell it ran, so a cell edited
+later is known to show another source's outputs.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
 import os
 import re
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
@@ -22,7 +30,49 @@ from helpers.paths import BUILD_DIR as BUILD  # noqa: E402
 from helpers.paths import COURSE_RUNS_DIR  # noqa: E402
 
 
-def run(notebook: Path, save_outputs: bool = False) -> tuple[str, float, str]:
+def cell_hash(cell) -> str:
+    """What identifies a code cell's source: its outputs belong to the run that stamped this hash."""
+    return hashlib.sha256(cell.source.encode()).hexdigest()[:16]
+
+
+def stamp(nb, run: dict) -> None:
+    """Mark a notebook as the output of ``run``, with the hash of every code cell that ran in it."""
+    nb.metadata["course_run"] = {**run, "cells": sorted({cell_hash(c) for c in nb.cells if c.cell_type == "code"})}
+
+
+def stale_cells(nb) -> list:
+    """Indices of code cells that show outputs but were edited after the run that made them (or never run)."""
+    ran = set(nb.metadata.get("course_run", {}).get("cells", []))
+    return [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.get("outputs") and cell_hash(c) not in ran]
+
+
+def clear_stale(path: Path) -> int:
+    """Drop the outputs of the cells edited since the notebook's run; returns how many were cleared."""
+    import nbformat
+
+    from helpers.course import write_notebook
+
+    nb = nbformat.read(path, as_version=4)
+    stale = stale_cells(nb)
+    for i in stale:
+        nb.cells[i].outputs, nb.cells[i].execution_count = [], None
+    if stale:
+        write_notebook(nb, path)
+    return len(stale)
+
+
+def this_run(model: str) -> dict:
+    """The id and setting of one course run: the model, the simulated card, the device."""
+    import torch
+
+    card = os.environ.get("CARD_GB") or None
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    card_name = f"{card}gb" if card else ("uncapped" if torch.cuda.is_available() else "cpu")
+    return {"id": f"{started}-{model}-{card_name}", "model": model, "card_gb": float(card) if card else None, "device": device}
+
+
+def run(notebook: Path, save_outputs: bool = False, course_run: dict | None = None) -> tuple[str, float, str]:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -41,6 +91,7 @@ def run(notebook: Path, save_outputs: bool = False) -> tuple[str, float, str]:
     if save_outputs and status == "ok":
         from helpers.course import write_notebook
 
+        stamp(nb, course_run or this_run(os.environ.get("GEMMA_MODEL", "tiny")))
         write_notebook(nb, notebook)  # without this machine's language_info: a fixed point of the notebooks' git filter
     return status, time.perf_counter() - started, detail
 
@@ -67,51 +118,69 @@ def prune_widget_state(nb) -> int:
     return len(stale)
 
 
-def record(results: list, model: str, command: str) -> Path:
+def record(results: list, course_run: dict, command: str) -> Path:
     """Seconds per notebook, with the machine they were measured on: what the instructor guide renders. Notebooks
     run again replace their own entries; the others keep theirs, each with the run it came from."""
-    import datetime
     import platform
     from importlib.metadata import version
 
     import psutil
-    import torch
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+    from helpers.paths import write_text_atomically
+
+    model, card = course_run["model"], course_run["card_gb"]
+    kind = "cpu" if course_run["device"].startswith("CPU") else "cuda"
     COURSE_RUNS_DIR.mkdir(parents=True, exist_ok=True)
-    path = COURSE_RUNS_DIR / f"{model}-{'cuda' if torch.cuda.is_available() else 'cpu'}.json"
+    path = COURSE_RUNS_DIR / f"{model}-{kind}{f'-{card:g}gb' if card else ''}.json"
     entry = json.loads(path.read_text()) if path.is_file() else {"notebooks": {}}
-    entry.update({"model": model, "device": device, "ram_bytes": psutil.virtual_memory().total,
+    entry.update({"model": model, "device": course_run["device"], "card_gb": card, "ram_bytes": psutil.virtual_memory().total,
                   "platform": f"{platform.system()} {platform.machine()}"})
-    run = {"date": datetime.date.today().isoformat(), "command": command,
+    run = {"date": datetime.date.today().isoformat(), "command": command, "run": course_run["id"],
            "load_average_at_start": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
            "versions": {name: version(name) for name in ("torch", "transformers", "accelerate", "bitsandbytes", "huggingface_hub")}}
     for name, status, seconds, _ in results:
         entry["notebooks"][name] = {"result": status, "seconds": round(seconds, 1), **run}
-    path.write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    write_text_atomically(path, json.dumps(entry, indent=1, sort_keys=True) + "\n")
     return path
 
 
 def main(args: list[str]) -> int:
-    save_outputs = "--save-outputs" in args
-    keep_record = "--record" in args
-    notebooks = [Path(p) for p in args if p not in ("--save-outputs", "--record")]
-    model = os.environ.get("GEMMA_MODEL", "tiny")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", type=Path)
+    parser.add_argument("--save-outputs", action="store_true", help="store each passing notebook's outputs in notebooks/")
+    parser.add_argument("--record", action="store_true", help="write the seconds per notebook to data/course-runs/")
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks run at a time, each in its own kernel")
+    parser.add_argument("--clear-stale", action="store_true", help="only drop the outputs of cells edited since their run")
+    options = parser.parse_args(args)
+    if options.jobs < 1:
+        parser.error(f"--jobs {options.jobs}: give 1 or more notebooks at a time")
+    notebooks = options.notebooks
     if not notebooks:
         print("No notebooks to run yet (notebooks/*.ipynb is empty).")
         return 0
-    results = []
-    for notebook in notebooks:
-        print(f"running {notebook.name} on {model} ...", flush=True)
-        results.append((notebook.name, *run(notebook, save_outputs)))
+    if options.clear_stale:
+        for notebook in notebooks:
+            print(f"{notebook.name}: {clear_stale(notebook)} cell(s) cleared")
+        return 0
+    model = os.environ.get("GEMMA_MODEL", "tiny")
+    course_run = this_run(model)
+    print(f"run {course_run['id']}: {len(notebooks)} notebook(s) on {model}, {options.jobs} at a time ...", flush=True)
+    with ProcessPoolExecutor(max_workers=options.jobs) as pool:
+        futures = [pool.submit(run, notebook, options.save_outputs, course_run) for notebook in notebooks]
+        results = [(notebook.name, *future.result()) for notebook, future in zip(notebooks, futures)]
     width = max(len(name) for name, *_ in results)
-    print(f"\nCourse run on GEMMA_MODEL={model}; executed notebooks are in {BUILD}/")
+    print(f"\nCourse run {course_run['id']}; executed notebooks are in {BUILD}/")
     for name, status, seconds, detail in results:
         print(f"  {name:<{width}}  {status:<6} {seconds:7.1f} s  {detail}")
     failed = sum(status != "ok" for _, status, *_ in results)
-    if keep_record:
+    if options.record:
+        card = f"CARD_GB={course_run['card_gb']:g} " if course_run["card_gb"] else ""
+        flags = " --save-outputs" * options.save_outputs + f" --jobs {options.jobs}" * (options.jobs > 1)
         notebooks_run = " ".join(p.as_posix() for p in notebooks)
-        print(f"recorded in {record(results, model, f'GEMMA_MODEL={model} python tools/run_course.py --record {notebooks_run}')}")
+        command = f"{card}GEMMA_MODEL={model} python tools/run_course.py --record{flags} {notebooks_run}"
+        print(f"recorded in {record(results, course_run, command)}")
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
