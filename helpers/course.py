@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import links
+from . import errors, links
 from .errors import CourseError, require_whole_number
 from .paths import CACHE_ENV, REPO_ROOT, venv_python, write_text_atomically
 
@@ -224,6 +224,9 @@ def configure_notebook_filter(python: Path, repo: Path = REPO_ROOT) -> bool:
     """Tell this clone's git to keep notebooks through ``clean_notebook`` and check them out through
     ``smudge_notebook`` (.gitattributes names the filter), and check out again the notebooks nobody has changed;
     False where this is not a git checkout or git is missing."""
+    if not isinstance(python, (str, os.PathLike)) or not Path(python).is_file():
+        raise CourseError(f"configure_notebook_filter needs the path of a Python interpreter, not {errors.brief(python)}: "
+                          "pass e.g. venv_python('.venv').")
     if not (repo / ".git").exists() or shutil.which("git") is None:
         return False
 

@@ -66,15 +66,17 @@ def cache_subfolder(*parts: str) -> Path:
     return writable_folder(cache_dir().joinpath(*parts), setting=CACHE_ENV)
 
 
-def practice_folder() -> Path:
-    """An empty folder of this kernel's own for notebook 01's practice run (its download and its mirror),
-    so two kernels on one machine (an instructor simulating two cards side by side) never write into the
-    same one. Folders left by kernels that have ended, a kill included, are removed first."""
+def kernel_folder(*parts: str) -> Path:
+    """An empty folder of this kernel's own inside the course cache (``cache/<parts>/kernel-<pid>``), so two kernels
+    on one cache (a classroom server, an instructor simulating two cards side by side, the card sweep) never read
+    each other's half-made files. Folders of kernels that have ended, a kill included, are removed first, and this
+    one goes when this kernel ends."""
+    import atexit
     import shutil
 
     import psutil
 
-    root = cache_subfolder("practice")
+    root = cache_subfolder(*parts)
     for folder in root.glob("kernel-*"):
         pid = folder.name.removeprefix("kernel-")
         if not (pid.isdigit() and psutil.pid_exists(int(pid))):
@@ -82,7 +84,13 @@ def practice_folder() -> Path:
     mine = root / f"kernel-{os.getpid()}"
     shutil.rmtree(mine, ignore_errors=True)
     mine.mkdir()
+    atexit.register(shutil.rmtree, mine, True)
     return mine
+
+
+def practice_folder() -> Path:
+    """Notebook 01's practice run (its download and its mirror): a ``kernel_folder`` of its own."""
+    return kernel_folder("practice")
 
 
 def venv_python(venv, os_name: str | None = None) -> Path:

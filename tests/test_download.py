@@ -267,3 +267,19 @@ def test_two_kernels_practising_at_once_never_share_a_folder_and_an_ended_kernel
     assert not (root / f"kernel-{int(ended.stdout)}").exists() and (root / f"kernel-{os.getppid()}").exists()
     (mine / "left-over").write_text("from the last run")
     assert list(paths.practice_folder().iterdir()) == []  # a re-run starts empty
+
+
+def test_a_kernels_scratch_folder_goes_when_the_kernel_ends_so_no_gguf_or_adapter_is_left_on_disk(tmp_path, monkeypatch):
+    """Notebooks 03, 06, 08, 09 and 10 write into ``kernel_folder``: another kernel on the same cache (the card sweep
+    runs five) never unlinks or overwrites them, and nothing stays once the kernel has ended."""
+    monkeypatch.setenv("GEMMA_COURSE_CACHE", str(tmp_path))
+    code = ("from helpers import paths; f = paths.kernel_folder('gguf', 'tiny'); (f / 'model.gguf').write_bytes(b'x'); "
+            "print(f)")
+    made = Path(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip())
+    assert made.parent == tmp_path / "gguf" / "tiny" and made.name.startswith("kernel-")
+    assert not made.exists()  # removed when that process ended
+    from helpers import paths
+
+    mine = paths.kernel_folder("gguf", "tiny")
+    (mine / "model.gguf").write_bytes(b"x")
+    assert mine.exists() and mine != made  # the control: a live kernel's folder stays
