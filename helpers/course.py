@@ -225,7 +225,7 @@ def configure_notebook_filter(python: Path, repo: Path = REPO_ROOT) -> bool:
     ``smudge_notebook`` (.gitattributes names the filter), and check out again the notebooks nobody has changed;
     False where this is not a git checkout or git is missing."""
     if not isinstance(python, (str, os.PathLike)) or not Path(python).is_file():
-        raise CourseError(f"configure_notebook_filter needs the path of a Python interpreter, not {errors.brief(python)}: "
+        raise errors.InvalidChoiceError(f"configure_notebook_filter needs the path of a Python interpreter, not {errors.brief(python)}: "
                           "pass e.g. venv_python('.venv').")
     if not (repo / ".git").exists() or shutil.which("git") is None:
         return False
