@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 # transformers releases the CPU tier also runs on, besides the one requirements.txt installs:
 # the first without transformers#45242, and the one on the course's GPU image.
 TRANSFORMERS_MATRIX ?= 5.5.2 5.17.0
+# accelerate releases the hook tests also run on: the last whose AlignDevicesHook is a graph break
+ACCELERATE_MATRIX ?= 1.15.0
+ACCELERATE_TESTS ?= tests/test_decoding.py tests/test_placement.py
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 # The llama.cpp route (notebook 08): llama-cpp-python compiles llama.cpp from its source distribution,
@@ -80,6 +83,13 @@ test-matrix: install
 		PYTHONPATH=$$target $(PY) -m pytest tests -q -p no:cacheprovider -m "not gpu" || exit 1; \
 		echo "== notebook 07 (chat templates) on transformers $$v"; \
 		PYTHONPATH=$$target $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q notebooks/07_chat.ipynb || exit 1; \
+	done
+	@for v in $(ACCELERATE_MATRIX); do \
+		target=.cache/accelerate-$$v; \
+		if [ ! -f $$target/.installed ]; then \
+			$(PY) -m pip install -q --no-deps --target $$target "accelerate==$$v" && touch $$target/.installed || exit 1; fi; \
+		echo "== accelerate's hooks on accelerate $$v"; \
+		PYTHONPATH=$$target $(PY) -m pytest $(ACCELERATE_TESTS) -q -p no:cacheprovider -m "not gpu" || exit 1; \
 	done
 
 ## make test-gpu: the GPU tier, then nbval on e4b-shape on the learners' cards, with the machine's own python

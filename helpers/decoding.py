@@ -103,6 +103,15 @@ def hooked_modules(model) -> list:
     return [name for name, module in model.named_modules() if hasattr(module, "_hf_hook")]
 
 
+def hooks_break_graphs() -> bool:
+    """Whether the installed accelerate's ``AlignDevicesHook`` is a graph break for ``torch.compile``: up to
+    1.15 its ``pre_forward`` and ``post_forward`` are wrapped in ``torch.compiler.disable``; from 1.16 only its
+    offloading steps are, so Dynamo traces through a hook that offloads nothing (it still runs in eager mode)."""
+    from accelerate.hooks import AlignDevicesHook
+
+    return hasattr(AlignDevicesHook.pre_forward, "__wrapped__")  # the wrapper of accelerate's _compiler_disable
+
+
 def attach_placement_hooks(model):
     """Attach the hooks ``from_pretrained`` attaches on a GPU with the course's per-module map (accelerate's
     ``dispatch_model`` with the model's ``_skip_keys_device_placement``, as transformers'
@@ -597,7 +606,7 @@ def loop_host_reads(model, ids: torch.Tensor, settings: Decoder, new_tokens: int
         return run
 
     own = model.__dict__.get("forward")  # an instance forward (a hook's) is put back as it was
-    model.forward = uncounted(model.forward)
+    wrapper = model.forward = uncounted(model.forward)
     try:
         tuned = TunedGreedy(model, settings)
         tuned.greedy(ids, min(4, new_tokens))  # the first step of each phase captures: counted apart from the loop
@@ -606,10 +615,13 @@ def loop_host_reads(model, ids: torch.Tensor, settings: Decoder, new_tokens: int
             live["counter"] = counter
             tuned.greedy(ids, new_tokens)
     finally:
-        if own is None:
-            del model.forward
-        else:
-            model.forward = own
+        # only our wrapper is undone: where TunedGreedy took the hooks off, accelerate has already put the model's
+        # own forward back, and the hook's forward it replaced would look for a hook that is gone
+        if model.__dict__.get("forward") is wrapper:
+            if own is None:
+                del model.forward
+            else:
+                model.forward = own
     return counter.reads
 
 

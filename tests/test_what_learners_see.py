@@ -171,3 +171,84 @@ def test_a_bar_with_a_term_counted_twice_is_reported_taller_than_the_peak():
     doubled = dataclasses.replace(estimate, terms=estimate.terms | {"layer inputs kept, again": estimate.terms["weights: decoder layers"]})
     ax = charts.training_memory({512: doubled})
     assert stacked_tops(ax)[0] > estimate.peak_bytes / 1e9 + 2
+
+
+def _render_results_tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("render_results", ROOT / "tools" / "render_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RENDER_RESULTS = _render_results_tool()
+COMMITTED_RUN = {"model": "e4b-shape", "card_gb": 8.0}  # what an RTX 4060 learner's kernel shows
+
+
+def committed_run_problems(nb, name: str, entries: dict, results_text: str) -> list:
+    """Why a notebook's outputs are not those of the recorded 8 GB GPU run that docs/results.md shows."""
+    run = nb.metadata.get("course_run")
+    if not run:
+        return [f"{name}: its outputs come from no recorded run"]
+    found = [f"{name}: run {run['id']} has {key} {run.get(key)!r}, not {want!r}"
+             for key, want in COMMITTED_RUN.items() if run.get(key) != want]
+    if "CPU" in run.get("device", "CPU"):
+        found.append(f"{name}: run {run['id']} ran on {run.get('device')}, not a GPU")
+    record_entry = entries.get((run["id"], name))
+    if record_entry is None or record_entry[1]["result"] != "ok":
+        found.append(f"{name}: run {run['id']} is not recorded as passing in data/course-runs/")
+    if f"run `{run['id']}`" not in results_text:
+        found.append(f"{name}: docs/results.md does not show run {run['id']}")
+    stale = RUN_COURSE.stale_cells(nb)
+    if stale:
+        found.append(f"{name}: cells {stale} were edited after the run and still show its outputs "
+                     "(python tools/run_course.py --clear-stale, or run it again)")
+    return found
+
+
+# 09 failed in run 20261202T072132Z-e4b-shape-8gb on loop_host_reads restoring a hook that TunedGreedy had taken
+# off (fixed, with its test in tests/test_decoding.py); strict, so this fails once 09 is run and stamped again
+AWAITING_GPU_RERUN = {"09_long_context_and_speed.ipynb"}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
+    strict=True, reason="its GPU run failed on a bug since fixed; rerun pending")) if p.name in AWAITING_GPU_RERUN else p
+    for p in NOTEBOOKS], ids=[p.name for p in NOTEBOOKS])
+def test_committed_outputs_are_the_recorded_8gb_gpu_run_that_the_results_show_and_no_edited_cell_keeps_them(path):
+    results_text = (ROOT / "docs" / "results.md").read_text()
+    nb = nbformat.read(path, as_version=4)
+    assert committed_run_problems(nb, path.name, RENDER_RESULTS.course_run_entries(), results_text) == []
+
+
+def test_outputs_of_a_cpu_run_and_a_cell_edited_after_the_run_are_reported():
+    """The controls: the same notebook stamped by a tiny run on the CPU, and with one of its cells edited later."""
+    path = NOTEBOOKS[0]
+    nb = nbformat.read(path, as_version=4)
+    entries, results_text = RENDER_RESULTS.course_run_entries(), (ROOT / "docs" / "results.md").read_text()
+    tiny = nbformat.from_dict(nb)
+    tiny.metadata["course_run"] = {**nb.metadata.get("course_run", {}), "model": "tiny", "card_gb": None,
+                                   "device": "CPU (2 cores)"}
+    assert len(committed_run_problems(tiny, path.name, entries, results_text)) >= 3
+    edited = nbformat.from_dict(nb)
+    cell = next(c for c in edited.cells if c.cell_type == "code" and c.outputs)
+    cell.source += "\nprint('edited')"
+    assert any("edited after the run" in p for p in committed_run_problems(edited, path.name, entries, results_text))
+    cleared = RUN_COURSE.stale_cells(edited)
+    assert cleared and all(edited.cells[i] is cell for i in cleared)
+
+
+def test_clearing_an_edited_cell_drops_the_progress_bars_only_its_outputs_showed(tmp_path):
+    """--clear-stale emptied notebook 09's edited cells but kept the widget state of their progress bars, which
+    JupyterLab would restore as stale bars."""
+    path = next(p for p in NOTEBOOKS if RUN_COURSE.shown_widgets(nbformat.read(p, as_version=4)))
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "model_id" in str(c.get("outputs", [])))
+    cell.source += "\nprint('edited')"
+    copy = tmp_path / path.name
+    nbformat.write(nb, copy)
+    assert stale_output(nbformat.read(copy, as_version=4)) == []  # the control: nothing orphaned before
+    assert RUN_COURSE.clear_stale(copy) == 1
+    cleared = nbformat.read(copy, as_version=4)
+    assert len(RUN_COURSE.shown_widgets(cleared)) < len(RUN_COURSE.shown_widgets(nb))
+    assert stale_output(cleared) == []

@@ -57,6 +57,7 @@ def clear_stale(path: Path) -> int:
     for i in stale:
         nb.cells[i].outputs, nb.cells[i].execution_count = [], None
     if stale:
+        prune_widget_state(nb)  # the progress bars those outputs showed
         write_notebook(nb, path)
     return len(stale)
 

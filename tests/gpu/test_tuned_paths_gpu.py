@@ -30,11 +30,11 @@ def counters():
             "cudagraph_skips": dynamo_counters["inductor"].get("cudagraph_skips", 0)}
 
 
-def test_the_loader_attaches_hooks_on_a_gpu_they_break_the_graph_and_removing_them_keeps_the_logits(ids):
+def test_the_loader_attaches_hooks_on_a_gpu_they_break_the_graph_up_to_accelerate_1_15_and_removing_them_keeps_the_logits(ids):
     model = loading.load_model("tiny", quant="nf4", ple="cpu", device=0)
     assert decoding.hooked_modules(model)  # the per-module map with a "cpu" entry goes through dispatch_model
     before = decoding.plain_greedy(model, ids, 16, static_cache=True, keep_logits=True)
-    assert decoding.graph_breaks(model, ids)["graph_breaks"] > 0
+    assert (decoding.graph_breaks(model, ids)["graph_breaks"] > 0) == decoding.hooks_break_graphs()
     decoding.remove_hooks(model)
     assert decoding.graph_breaks(model, ids)["graph_breaks"] == 0
     after = decoding.plain_greedy(model, ids, 16, static_cache=True, keep_logits=True)
