@@ -21,10 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from helpers.cards import CARD_SIZES_GB  # noqa: E402
 
 SHAPES = ("e4b-shape", "e2b-shape")
-# five cards a call: 9 sizes a shape in two calls. Three cards ran 271-442 s a call on the H200, both builds
-# included; the longest group then was 00-04 at 6 GB (03 on e2b-shape, 239 s), and on 8 GB and up 05-06 (about
-# 200 s). Groups of about 150-210 s each (the Makefile's GPU_NOTEBOOK_GROUPS) keep five cards within a call.
-CARDS_PER_PART = 5
+# two cards a call (eight kernels on the H200 box's 16 cores). Five cards, 20 kernels, ran group 00-03 in 455 s
+# against about 200 s alone, and the part passed its 555 s limit with two groups unfinished (2026-12-02).
+CARDS_PER_PART = 2
 
 
 def parts() -> list:
