@@ -207,9 +207,8 @@ def committed_run_problems(nb, name: str, entries: dict, results_text: str) -> l
     return found
 
 
-# 09 failed in run 20261202T072132Z-e4b-shape-8gb on loop_host_reads restoring a hook that TunedGreedy had taken
-# off (fixed, with its test in tests/test_decoding.py); strict, so this fails once 09 is run and stamped again
-AWAITING_GPU_RERUN = {"09_long_context_and_speed.ipynb"}
+# notebooks whose GPU run failed on a bug since fixed: strict, so each fails once it is run and stamped again
+AWAITING_GPU_RERUN: set = set()
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
