@@ -17,17 +17,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_course_tool():
+def _tool(name: str):
+    """A script of tools/ imported as a module (tools/ is not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("run_course", ROOT / "tools" / "run_course.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-RUN_COURSE = _run_course_tool()  # the tool that saves the outputs also prunes the widgets none shows
+RUN_COURSE = _tool("run_course")  # the tool that saves the outputs also prunes the widgets none shows
 NOISE = ("kernels-community", "Unhandled exception", "Traceback (most recent call last)")
 
 
@@ -173,16 +174,7 @@ def test_a_bar_with_a_term_counted_twice_is_reported_taller_than_the_peak():
     assert stacked_tops(ax)[0] > estimate.peak_bytes / 1e9 + 2
 
 
-def _render_results_tool():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("render_results", ROOT / "tools" / "render_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-RENDER_RESULTS = _render_results_tool()
+RENDER_RESULTS = _tool("render_results")
 COMMITTED_RUN = {"model": "e4b-shape", "card_gb": 8.0}  # what an RTX 4060 learner's kernel shows
 
 

@@ -22,7 +22,7 @@ from helpers.cards import CARD_SIZES_GB  # noqa: E402
 
 SHAPES = ("e4b-shape", "e2b-shape")
 # two cards a call (eight kernels on the H200 box's 16 cores). Five cards, 20 kernels, ran group 00-03 in 455 s
-# against about 200 s alone, and the part passed its 555 s limit with two groups unfinished (2026-12-02).
+# against about 200 s alone, and the part passed its 555 s limit with two groups unfinished.
 CARDS_PER_PART = 2
 
 
