@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import errors, links
 from .errors import CourseError, require_whole_number
-from .paths import CACHE_ENV, REPO_ROOT, venv_python, write_text_atomically
+from .paths import CACHE_ENV, NOTEBOOKS_DIR, REPO_ROOT, venv_python, write_text_atomically
 
 VENV = REPO_ROOT / ".venv"
 INSTALLED_MARKER = ".course-installed"
@@ -40,7 +40,6 @@ CPU_TORCH = "torch==2.13.0"
 CUDA_TORCH_INDEXES = (("cu130", 580, "https://download.pytorch.org/whl/cu130"),
                       ("cu126", 525, "https://download.pytorch.org/whl/cu126"))
 REQUIREMENTS = {"learner": "requirements.txt", "local": "requirements-local.txt", "dev": "requirements-dev.txt"}
-NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 DRIVE_MOUNT = "/content/drive"
 DRIVE_FOLDER = "MyDrive/gemma-course"  # inside the learner's Drive: the Hugging Face cache and the course cache
 

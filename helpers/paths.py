@@ -16,6 +16,7 @@ BUILDS_DIR = DATA_DIR / "builds"  # how long a synthetic build took and how much
 FAULTS_DIR = DATA_DIR / "faults"  # recorded fault-injection runs (tools/fault_run.py)
 GGUF_DIR = DATA_DIR / "gguf"  # the llama.cpp route measured on a checkpoint (python -m helpers.gguf_route measure)
 CLASSROOM_DIR = DATA_DIR / "classroom"  # the classroom mirror under a room's load (python -m lab.classroom load)
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 COURSE_RUNS_DIR = DATA_DIR / "course-runs"  # seconds per notebook, recorded by tools/run_course.py --record
 CITED_DIR = DATA_DIR / "cited"  # published figures the course cites beside its own, never measured here
 CHAT_DIR = DATA_DIR / "chat"  # what each transformers release does with a plain-string message (tools/)

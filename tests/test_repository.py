@@ -403,3 +403,21 @@ def test_the_plain_string_reader_names_each_probed_release_and_none_for_an_unpro
     outcomes = {records.plain_string_outcome(e["transformers"], e["processor"]) for e in entries}
     assert len(outcomes) > 1  # the releases differ, so a reader that ignored the version would be caught
     assert len(records.table("plain-string-outcomes").rows) == len(entries)
+
+
+def test_a_card_sweep_entry_from_a_notebook_edited_since_the_run_is_shown_as_stale(tmp_path, monkeypatch):
+    """The sweep's table mixes runs of several days: an entry that ran other code must say so, never pass as current."""
+    tool = _tool("render_results")
+    notebook = {"cells": [{"cell_type": "code", "source": ["x = 1\n", "x"]}, {"cell_type": "markdown", "source": "#"}]}
+    (tmp_path / "00_a.ipynb").write_text(json.dumps(notebook))
+    monkeypatch.setattr(tool.record_nbval.code_hash, "__defaults__", (tmp_path,))
+    ran = tool.record_nbval.code_hash("00_a.ipynb")
+    entry = {"result": "pass", "passed": 2, "failed": 0, "gpu": "G", "date": "d", "command": "c",
+             "versions": {"transformers": "t", "bitsandbytes": "b"}}
+    record = {"model": "m", "cards": {"8 GB": {"00_a.ipynb": {**entry, "code_sha": ran}}}}
+    assert "| pass 2/2 |" in tool.render_notebooks(record) and "stale" not in tool.render_notebooks(record)
+    notebook["cells"][0]["source"] = ["x = 2\n", "x"]  # the control: one character of code changed since the run
+    (tmp_path / "00_a.ipynb").write_text(json.dumps(notebook))
+    assert "| pass 2/2, stale |" in tool.render_notebooks(record)
+    del record["cards"]["8 GB"]["00_a.ipynb"]["code_sha"]  # a run older than the stamp
+    assert "*stale* (1 of 1)" in tool.render_notebooks(record)

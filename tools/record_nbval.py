@@ -1,6 +1,7 @@
 """Turn nbval's JUnit XML from a GPU run into data/gpu-tier/notebooks-<model>.json: pass/fail, cells
 and seconds per notebook and per simulated card ($CARD_GB, or the whole GPU), each with its own date,
-GPU and versions. Runs accumulate: an entry is replaced only when that notebook ran again on that card.
+GPU, versions and the hash of the notebook's code as it ran (an entry left from older code renders as stale).
+Runs accumulate: an entry is replaced only when that notebook ran again on that card.
 
     python tools/record_nbval.py build/nbval-gpu.xml
     python tools/record_nbval.py run.xml --environment-from data/measurements/e4b-shape.jsonl --command "..."
@@ -11,6 +12,7 @@ benchmark record made there in the same session (this machine may have no GPU).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -19,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
-from helpers.paths import GPU_TIER_DIR  # noqa: E402
+from helpers.paths import GPU_TIER_DIR, NOTEBOOKS_DIR  # noqa: E402
 from lab.records import write_record  # noqa: E402
 
 
@@ -31,6 +33,17 @@ def cells(junit: Path):
         outcome = "failed" if bad is not None else "skipped" if case.find("skipped") is not None else "passed"
         text = None if bad is None else (bad.text or bad.get("message") or "")
         yield notebook, case.get("name", "?"), outcome, float(case.get("time") or 0), text
+
+
+def code_hash(notebook: str, folder: Path = NOTEBOOKS_DIR) -> str | None:
+    """What identifies the code a notebook runs: its code cells' sources, hashed (None where it is gone)."""
+    path = folder / notebook
+    if not path.is_file():
+        return None
+    cells = json.loads(path.read_text())["cells"]
+    sources = ["".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+               for cell in cells if cell["cell_type"] == "code"]
+    return hashlib.sha256(json.dumps(sources).encode()).hexdigest()[:16]
 
 
 def summarise(junit: Path) -> dict:
@@ -98,7 +111,7 @@ def context_for(args, model: str) -> dict:
 
 def record_run(record: dict, card: dict, args, context: dict) -> None:
     for name, counts in summarise(args.junit).items():
-        card[name] = {**counts, **context}
+        card[name] = {**counts, **context, "code_sha": code_hash(name)}
 
 
 if __name__ == "__main__":

@@ -116,18 +116,24 @@ def render_notebooks(record: dict) -> str:
              "with `CARD_GB`, `torch.cuda.set_per_process_memory_fraction`): result, cells passed, seconds.", "",
              "| notebook | " + " | ".join(label if label == "uncapped" else f"{label} card" for label in labels) + " |",
              "|---|" + "---|" * len(labels)]
+    stale = 0
     for name in names:
-        cells = []
+        cells, current = [], record_nbval.code_hash(name)
         for label in labels:
             entry = cards[label].get(name)
+            old = entry is not None and entry.get("code_sha") != current
+            stale += old
             cells.append("not run" if entry is None else
                          f"{entry['result']} {entry['passed']}/{entry['passed'] + entry['failed']}"
-                         + (f", {entry['seconds']:.0f} s" if "seconds" in entry else ""))
+                         + (f", {entry['seconds']:.0f} s" if "seconds" in entry else "") + (", stale" if old else ""))
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     entries = [entry for card in cards.values() for entry in card.values()]
     runs = sorted({(e["gpu"], e["date"], e["versions"]["transformers"], e["versions"]["bitsandbytes"], e["command"])
                    for e in entries})
     lines.append("")
+    if stale:
+        lines += [f"*stale* ({stale} of {len(entries)}): the notebook's code has changed since that run, or the run is older "
+                  "than the stamp that tells; `python tools/card_sweep.py --list` names the parts to rerun.", ""]
     lines += [f"On {gpu}, {date}, transformers {tf}, bitsandbytes {bnb}: `{command}`." for gpu, date, tf, bnb, command in runs]
     failed = [f"- {label}, `{name}` {cell}: `{why}`" for label in labels for name, cell, why in failed_cells(record["model"], label)]
     if failed:
