@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,7 +271,7 @@ def load_model(
     if quant_config is not None:
         kwargs["quantization_config"] = quant_config
     kwargs.update(from_pretrained_kwargs)
-    model = None
+    model, threads_before = None, set(threading.enumerate())
     try:
         model = models.auto_class_for(config).from_pretrained(path, **kwargs)
         model.eval()
@@ -285,7 +286,7 @@ def load_model(
         placement.served_from_host_last(model)
     except BaseException as error:  # out of memory, a hook's or the quantizer's error, a learner's interrupt
         model = None
-        give_back_failed_load(error)
+        give_back_failed_load(error, threads_before)
         if isinstance(error, torch.OutOfMemoryError):
             raise InsufficientGPUMemoryError(
                 f"Ran out of GPU memory while loading {path.name} with quant={quant!r}, ple={ple!r}: "
@@ -308,15 +309,29 @@ def course_device_map(skeleton, compute, ple: str, towers: str = "gpu", head: st
     return placement.split_device_map(skeleton, compute, elsewhere) if elsewhere else {"": compute}
 
 
-def give_back_failed_load(error: BaseException) -> None:
+# how long a failed load waits for each tensor copy transformers' loader threads still have in flight
+LOADER_THREAD_WAIT_S = 120
+
+
+def give_back_failed_load(error: BaseException, threads_before=frozenset()) -> None:
     """Free what a load that failed partway had taken: the frames of its traceback still hold the half-built model
-    (and a notebook keeps the last traceback), so their locals are cleared before the GPU's cache is emptied."""
+    (and a notebook keeps the last traceback), so their locals are cleared before the GPU's cache is emptied.
+
+    transformers shuts its loader pool down without waiting (``shutdown(wait=False, cancel_futures=True)``), so the
+    copies its worker threads had started still land on the GPU after the error: those threads (started since
+    ``threads_before``) finish first, or the cache would be emptied before their blocks arrive."""
     import traceback
 
-    traceback.clear_frames(error.__traceback__)
-    for chained in (error.__context__, error.__cause__):
-        if chained is not None:
+    for thread in set(threading.enumerate()) - set(threads_before):
+        if thread.name.startswith("ThreadPoolExecutor-"):  # concurrent.futures' default worker names
+            thread.join(timeout=LOADER_THREAD_WAIT_S)
+    pending, seen = [error], set()
+    while pending:  # the whole chain: an error raised while handling another keeps that one's frames too
+        chained = pending.pop()
+        if chained is not None and id(chained) not in seen:
+            seen.add(id(chained))
             traceback.clear_frames(chained.__traceback__)
+            pending += [chained.__context__, chained.__cause__]
     release_gpu(warn=False)
 
 

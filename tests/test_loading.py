@@ -5,6 +5,7 @@ import torch
 from conftest import tiny_prompt
 
 from helpers import loading, placement
+from helpers.errors import InsufficientGPUMemoryError
 
 QUANTS = ["bf16", "nf4", "fp4", "int8"]
 
@@ -179,10 +180,56 @@ def test_a_load_that_fails_partway_holds_nothing_afterwards_and_without_the_give
     with pytest.raises(RuntimeError, match="failed") as caught:
         loading.load_model("tiny", quant="nf4", ple="cpu", device="cpu")
     assert models_alive() == before, where
-    monkeypatch.setattr(loading, "give_back_failed_load", lambda error: None)
+    monkeypatch.setattr(loading, "give_back_failed_load", lambda *args: None)
     try:
         loading.load_model("tiny", quant="nf4", ple="cpu", device="cpu")
     except RuntimeError as error:
         kept = error  # as sys.last_value keeps it in a notebook
     assert models_alive() > before, "the control should keep the half-built model alive"
     del kept, caught
+
+
+class _LoaderLeftRunning:
+    """from_pretrained as transformers 5 runs it: weight copies in a thread pool that an error shuts down without
+    waiting (shutdown(wait=False, cancel_futures=True)), so a copy already started finishes after the error."""
+
+    copy_done = None
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        import threading
+        import time
+        from concurrent.futures import ThreadPoolExecutor
+
+        cls.copy_done = threading.Event()
+        pool = ThreadPoolExecutor(max_workers=1)
+        started = threading.Event()
+
+        def copy():
+            started.set()
+            time.sleep(0.5)
+            cls.copy_done.set()
+
+        pool.submit(copy)
+        started.wait()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_a_failed_load_empties_the_cache_only_after_the_loader_threads_transformers_left_running_have_finished(
+        tiny_path, monkeypatch):
+    """Emptying the cache while a loader thread still copies leaves its blocks reserved (4.7 GB of a 6 GB card on
+    the GPU tier). The control gives back without waiting: the copy is still in flight when the cache is emptied."""
+    import threading
+
+    monkeypatch.setattr(loading.models, "auto_class_for", lambda config: _LoaderLeftRunning)
+    done_at_release = []
+    monkeypatch.setattr(loading, "release_gpu", lambda **kwargs: done_at_release.append(_LoaderLeftRunning.copy_done.is_set()))
+    with pytest.raises(InsufficientGPUMemoryError, match="Ran out of GPU memory"):
+        loading.load_model("tiny", quant="bf16", ple="gpu", device="cpu")
+    assert done_at_release == [True]
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        _LoaderLeftRunning.from_pretrained()
+    loading.give_back_failed_load(caught.value, threads_before=set(threading.enumerate()))  # the control: no wait
+    assert done_at_release == [True, False]
+    _LoaderLeftRunning.copy_done.wait(5)
