@@ -6,12 +6,14 @@ kernel capped with CARD_GB) and recorded into data/gpu-tier/notebooks-<shape>.js
 card x notebook table.
 
     python tools/card_sweep.py --list      # the parts, one line each
+    python tools/card_sweep.py --todo      # the parts whose record is missing a notebook, stale or failing
     python tools/card_sweep.py 2           # run part 2 here (a GPU machine), recorded
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
 from helpers.cards import CARD_SIZES_GB  # noqa: E402
+from helpers.paths import GPU_TIER_DIR, NOTEBOOKS_DIR  # noqa: E402
+from tools.record_nbval import code_hash  # noqa: E402
 
 SHAPES = ("e4b-shape", "e2b-shape")
 # two cards a call (eight kernels on the H200 box's 16 cores). Five cards, 20 kernels, ran group 00-03 in 455 s
@@ -32,6 +36,26 @@ def parts() -> list:
     return [(shape, tuple(cards[i:i + CARDS_PER_PART])) for shape in SHAPES for i in range(0, len(cards), CARDS_PER_PART)]
 
 
+def label(card: str) -> str:
+    """The column a card's runs are recorded under (record_nbval.card_label)."""
+    return card if card == "uncapped" else f"{float(card):g} GB"
+
+
+def unfinished(shape: str, cards: tuple, folder: Path = GPU_TIER_DIR, notebooks: Path = NOTEBOOKS_DIR) -> list:
+    """"card: notebook why" for each notebook of the part not recorded as passing on the code it has now."""
+    path = folder / f"notebooks-{shape}.json"
+    recorded = json.loads(path.read_text())["cards"] if path.is_file() else {}
+    left = []
+    for card in cards:
+        for notebook in sorted(p.name for p in notebooks.glob("*.ipynb")):
+            entry = recorded.get(label(card), {}).get(notebook)
+            why = ("not run" if entry is None else "stale" if entry.get("code_sha") != code_hash(notebook, notebooks)
+                   else None if entry["result"] == "pass" else "failed")
+            if why:
+                left.append(f"{label(card)}: {notebook} {why}")
+    return left
+
+
 def command(shape: str, cards: tuple) -> list:
     return ["make", "--no-print-directory", "test-gpu-cards", f"GEMMA_MODEL={shape}", f"GPU_CARDS={' '.join(cards)}"]
 
@@ -40,7 +64,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", nargs="?", type=int, help=f"the part to run, 1 to {len(parts())}")
     parser.add_argument("--list", action="store_true", help="print the parts and their commands")
+    parser.add_argument("--todo", action="store_true", help="print the parts still to run on the notebooks as they are")
     args = parser.parse_args(argv)
+    if args.todo:
+        todo = [(number, left) for number, part in enumerate(parts(), 1) if (left := unfinished(*part))]
+        for number, left in todo:
+            print(f"part {number}: {len(left)} to run ({'; '.join(left[:3])}{'; ...' if len(left) > 3 else ''})")
+        print(f"{len(todo)} of {len(parts())} parts to run" if todo else "every part is recorded passing on today's notebooks")
+        return 0
     if args.list or args.part is None:
         for number, (shape, cards) in enumerate(parts(), 1):
             print(f"{number}: {shape} on {', '.join(c if c == 'uncapped' else c + ' GB' for c in cards)}: GPU_RECORD=1 "

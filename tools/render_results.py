@@ -133,7 +133,7 @@ def render_notebooks(record: dict) -> str:
     lines.append("")
     if stale:
         lines += [f"*stale* ({stale} of {len(entries)}): the notebook's code has changed since that run, or the run is older "
-                  "than the stamp that tells; `python tools/card_sweep.py --list` names the parts to rerun.", ""]
+                  "than the stamp that tells; `python tools/card_sweep.py --todo` names the parts to rerun.", ""]
     lines += [f"On {gpu}, {date}, transformers {tf}, bitsandbytes {bnb}: `{command}`." for gpu, date, tf, bnb, command in runs]
     failed = [f"- {label}, `{name}` {cell}: `{why}`" for label in labels for name, cell, why in failed_cells(record["model"], label)]
     if failed:
