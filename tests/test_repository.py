@@ -421,3 +421,26 @@ def test_a_card_sweep_entry_from_a_notebook_edited_since_the_run_is_shown_as_sta
     assert "| pass 2/2, stale |" in tool.render_notebooks(record)
     del record["cards"]["8 GB"]["00_a.ipynb"]["code_sha"]  # a run older than the stamp
     assert "*stale* (1 of 1)" in tool.render_notebooks(record)
+
+
+def test_a_record_with_no_place_on_the_results_page_is_refused_and_the_prose_between_blocks_is_kept(tmp_path, monkeypatch):
+    """docs/results.md is hand-written prose around rendered blocks: a new record must be given a place (one sentence
+    says where), a block no record fills must go, and editing the prose outside the blocks is the author's right."""
+    tool = _tool("render_results")
+    results = tmp_path / "results.md"
+    page = (ROOT / "docs" / "results.md").read_text()
+    blocks = tool.render_blocks()
+    assert tool.rendered_results(page, blocks) == page
+    edited = page.replace("## The records", "## The records we keep", 1)
+    assert tool.rendered_results(edited, blocks) == edited  # the prose is kept as written
+    start, end = tool.block_markers("release-probe-8gb")
+    without = page[:page.index(start)] + page[page.index(end) + len(end):]
+    with pytest.raises(SystemExit, match="no place for release-probe-8gb: add <!-- results:release-probe-8gb"):
+        tool.rendered_results(without, blocks)
+    with pytest.raises(SystemExit, match="no record renders \\(release-probe-8gb\\)"):
+        tool.rendered_results(page, {name: body for name, body in blocks.items() if name != "release-probe-8gb"})
+    typed = page.replace("| pass 8/8, 26 s |", "| pass 8/8, 2 s |", 1)  # the control: a figure typed inside a block
+    assert typed != page and tool.rendered_results(typed, blocks) == page
+    results.write_text(typed)
+    monkeypatch.setattr(tool, "RESULTS", results)
+    assert tool.main(["--check"]) == 1

@@ -1,5 +1,6 @@
-"""Render the course's results from the records in data/: docs/results.md (every benchmark, GPU-tier and probe
-record) and the README's headline block (what each card can do, three figures), each between its markers.
+"""Render the course's results from the records in data/: docs/results.md, one block per record between its own
+markers (``<!-- results:NAME ... -->``), and the README's headline block (what each card can do, three figures).
+Only the blocks are rendered; the prose between them is written by hand, and a record with no block is refused.
 
     python tools/render_results.py          # rewrite both, whole or not at all
     python tools/render_results.py --check  # exit 1 if either file differs from what the records give
@@ -19,7 +20,9 @@ from tools import record_nbval  # noqa: E402  (the one reader of nbval's JUnit f
 
 README = REPO_ROOT / "README.md"
 RESULTS = REPO_ROOT / "docs" / "results.md"
-START, END = "<!-- results:start (tools/render_results.py) -->", "<!-- results:end -->"
+# each block of docs/results.md sits between its own pair, named after the record it renders
+BLOCK_START, BLOCK_END = "<!-- results:{} (tools/render_results.py) -->", "<!-- /results:{} -->"
+BLOCK_NAME = re.compile(r"<!-- results:([\w.-]+) \(tools/render_results\.py\) -->")
 HEADLINE_START, HEADLINE_END = "<!-- headline:start (tools/render_results.py) -->", "<!-- headline:end -->"
 ROUTE_LABELS = {
     "ple-gpu": "`load_model(ple=\"gpu\")`: `device_map={\"\": 0}`",
@@ -112,9 +115,7 @@ def render_notebooks(record: dict) -> str:
     cards = record.get("cards") or {"uncapped": record["notebooks"]}
     labels = sorted(cards, key=card_order)
     names = sorted({name for card in cards.values() for name in card})
-    lines = [f"**Notebooks under nbval on the learners' cards** with `GEMMA_MODEL={record['model']}` (each kernel capped "
-             "with `CARD_GB`, `torch.cuda.set_per_process_memory_fraction`): result, cells passed, seconds.", "",
-             "| notebook | " + " | ".join(label if label == "uncapped" else f"{label} card" for label in labels) + " |",
+    lines = ["| notebook | " + " | ".join(label if label == "uncapped" else f"{label} card" for label in labels) + " |",
              "|---|" + "---|" * len(labels)]
     stale = 0
     for name in names:
@@ -547,9 +548,7 @@ def render_host(stem: str) -> str:
 
     model, quant = stem.removeprefix("host-").rsplit("-", 1)
     table, first = records.host_memory_table(model, quant), next(iter(records.gpu_tier_host(model, quant).values()))
-    return "\n".join([f"**Host memory, {model}-{quant}** (`/proc/self/status` peaks: anonymous memory is what runs a "
-                      "Colab VM out of RAM; file-backed is the page cache of the mapped checkpoint):", "", table.markdown(),
-                      "", f"On {first['gpu']}, {first['date']}: `{table.command}`."])
+    return "\n".join([table.markdown(), "", f"On {first['gpu']}, {first['date']}: `{table.command}`."])
 
 
 def render_release_probe(probe: dict) -> str:
@@ -652,7 +651,7 @@ def render_committed_outputs() -> str:
     by_run: dict = {}
     for name, run in committed_runs().items():
         by_run.setdefault(run["id"] if run else None, []).append(name[:2])
-    lines = ["**The outputs committed in `notebooks/`** (what a learner reading them on GitHub sees):", ""]
+    lines = []
     for run_id, numbers in by_run.items():
         shown = ", ".join(numbers)
         entry = next((entries[key] for key in entries if key[0] == run_id), None)
@@ -667,36 +666,60 @@ def render_committed_outputs() -> str:
     return "\n".join(lines)
 
 
-def render() -> str:
+def render_blocks() -> dict:
+    """Each block of docs/results.md by name: the benchmark, long context and speed, fine-tuning, one per GPU-tier
+    record (its file's stem) and the committed outputs."""
     from helpers import records
 
-    blocks = [render_benchmark(), render_long_context_and_speed()]
+    blocks = {"benchmark": render_benchmark(), "long-context-and-speed": render_long_context_and_speed()}
     fine_tuning = sorted(GPU_TIER_DIR.glob(f"{FINE_TUNING}*.json"))
     if fine_tuning:
-        blocks.append(render_fine_tuning(fine_tuning))
+        blocks["fine-tuning"] = render_fine_tuning(fine_tuning)
     for path in sorted(set(GPU_TIER_DIR.glob("*.json")) - set(fine_tuning)):
         record = records.read_json(path)  # one sentence where a kill cut it short
         if path.stem.startswith("notebooks-"):
-            blocks.append(render_notebooks(record))
+            blocks[path.stem] = render_notebooks(record)
         elif path.stem == "make-test-gpu":
-            blocks.append(render_gpu_run(record))
+            blocks[path.stem] = render_gpu_run(record)
         elif path.stem.startswith("host-"):
-            blocks.append(render_host(path.stem))
+            blocks[path.stem] = render_host(path.stem)
         elif path.stem.startswith("release-probe-"):
-            blocks.append(render_release_probe(record))
+            blocks[path.stem] = render_release_probe(record)
         elif path.stem.startswith("determinism-"):
-            blocks.append(render_determinism(record))
+            blocks[path.stem] = render_determinism(record)
         elif path.stem.startswith(CAPTURE_PROBE):
-            blocks.append(render_capture_probe(record))
+            blocks[path.stem] = render_capture_probe(record)
         elif path.stem.startswith(TEXT_ONLY):
-            blocks.append(render_text_only(path.stem.removeprefix(TEXT_ONLY), record))
+            blocks[path.stem] = render_text_only(path.stem.removeprefix(TEXT_ONLY), record)
         elif path.stem.startswith(TRIM_PROBE):
-            blocks.append(render_trim_probe(path.stem.removeprefix(TRIM_PROBE), record))
+            blocks[path.stem] = render_trim_probe(path.stem.removeprefix(TRIM_PROBE), record)
         else:
-            blocks.append(render_record_set(path.stem, record))
-    blocks.append(render_committed_outputs())
-    body = "\n\n".join(blocks) if blocks else "_No GPU records yet: run `GPU_RECORD=1 make test-gpu` on a GPU._"
-    return f"{START}\n{body}\n{END}"
+            blocks[path.stem] = render_record_set(path.stem, record)
+    blocks["committed-outputs"] = render_committed_outputs()
+    return blocks
+
+
+def block_markers(name: str) -> tuple:
+    return BLOCK_START.format(name), BLOCK_END.format(name)
+
+
+def rendered_results(text: str, blocks: dict) -> str:
+    """docs/results.md's text with every block rendered in place; the prose between the blocks is the author's. A
+    record with no place on the page, or a place no record fills, is one sentence naming the fix."""
+    placed = BLOCK_NAME.findall(text)
+    missing, orphaned = [n for n in blocks if n not in placed], [n for n in placed if n not in blocks]
+    if missing:
+        start, end = block_markers(missing[0])
+        raise SystemExit(f"docs/results.md has no place for {', '.join(missing)}: add {start} and {end} where it belongs, "
+                         f"with a sentence around it, then run python tools/render_results.py")
+    if orphaned:
+        raise SystemExit(f"docs/results.md holds blocks that no record renders ({', '.join(orphaned)}): remove them and "
+                         f"their prose, then run python tools/render_results.py")
+    for name, body in blocks.items():
+        start, end = block_markers(name)
+        before, after = between(text, start, end, "docs/results.md")
+        text = f"{before}{start}\n{body}\n{end}{after}"
+    return text
 
 
 def text_only_headline() -> list:
@@ -778,7 +801,7 @@ def main(argv) -> int:
     from helpers.paths import write_text_atomically
 
     wanted = {README: rendered(README, HEADLINE_START, HEADLINE_END, render_headline()),
-              RESULTS: rendered(RESULTS, START, END, render())}
+              RESULTS: rendered_results(RESULTS.read_text(), render_blocks())}
     if "--check" in argv:
         stale = [path.name for path, text in wanted.items() if path.read_text() != text]
         if stale:
