@@ -640,6 +640,7 @@ class Chat:
 
     def ask(self, content, *, max_new_tokens: int | None = None, display: bool = True) -> Turn:
         """Send ``content`` (a string or a list of parts) and stream the reply; returns the running ``Turn``."""
+        require_bool(display, "display")
         messages = self._with(content)
         if not isinstance(self.processor, ProcessorMixin) and _has_media(messages[-1:]):
             raise ChatMessageError("Images, audio and video need Gemma 4's full processor, which needs torchvision: "

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from . import errors, links
-from .errors import CourseError, require_whole_number
+from .errors import CourseError, require_bool, require_whole_number
 from .paths import CACHE_ENV, NOTEBOOKS_DIR, REPO_ROOT, venv_python, write_text_atomically
 
 VENV = REPO_ROOT / ".venv"
@@ -108,6 +108,7 @@ def _has_torch(python: Path) -> bool:
 
 def setup(dev: bool = False, venv: Path = VENV) -> Path:
     """Create ``venv`` (once), with a CUDA torch when an NVIDIA GPU is present, the course's requirements and the helpers."""
+    require_bool(dev, "dev")
     driver = nvidia_driver()
     python = venv_python(venv)
     if not python.exists():
@@ -157,6 +158,8 @@ def test(venv: Path = VENV) -> int:
 def lab_command(python, *, port: int | None = None, browser: bool = True, as_root: bool = False, extra=()) -> list:
     """The JupyterLab command ``lab`` runs: on notebooks/, on loopback (JupyterLab's default) unless ``extra`` says
     otherwise, ``--allow-root`` where the process is root (containers, cloud machines), then ``extra`` as given."""
+    require_bool(browser, "browser")
+    require_bool(as_root, "as_root")
     if port is not None:
         require_whole_number(port, "port", minimum=1, maximum=65535)
     command = [str(python), "-m", "jupyter", "lab", str(NOTEBOOKS_DIR)]
@@ -309,6 +312,7 @@ def colab_drift(notebook: Path, content: dict | None = None) -> list:
 
 def render_colab_cells(write: bool = False) -> dict:
     """``{notebook: differences}`` for every notebook; with ``write`` each is rewritten to match first."""
+    require_bool(write, "write")
     import nbformat  # only here: rendering is a maintainer's step, run from the course's venv
 
     drift = {}

@@ -561,6 +561,7 @@ class TunedGreedy:
         """Exactly ``new_tokens`` greedy tokens after ``ids`` (batch 1). ``cache_length``: the static cache's length
         (default: prompt and new tokens), for a short run on the cache, and so the graphs, of a longer one; a
         different length changes the padded attention, so logits are compared only at the same length."""
+        require_bool(keep_logits, "keep_logits")
         new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
         ids = require_prompt(self.model, ids).to(self.device)
         require_whole_number(ids.shape[1] + new_tokens - 1, "the prompt and new tokens",
@@ -655,6 +656,7 @@ def plain_greedy(model, ids: torch.Tensor, new_tokens: int, *, static_cache: boo
 def graph_breaks(model, ids: torch.Tensor, *, ple_outside: bool = True) -> dict:
     """``torch._dynamo.explain`` of one decode step of ``model`` as it stands (hooks or not): how many graphs
     and graph breaks, and the first reasons. Nothing is compiled."""
+    require_bool(ple_outside, "ple_outside")
     import torch._dynamo
 
     device = placement.compute_device_of(model)

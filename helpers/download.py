@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from . import checksums
 from .checksums import git_blob_sha1, sha256  # noqa: F401 - the names notebooks and the mirror use
-from .errors import CourseError, DiskFullError, InvalidChoiceError, ModelNotFoundError, require_whole_number
+from .errors import CourseError, DiskFullError, InvalidChoiceError, ModelNotFoundError, require_bool, require_whole_number
 from .paths import cache_dir, writable_folder
 
 REAL_MODEL = "google/gemma-4-E4B-it"
@@ -128,6 +128,7 @@ def use_mirror(endpoint: str, disable_xet: bool = True) -> None:
     ``HF_HUB_DISABLE_IMPLICIT_TOKEN=1`` keeps the saved hub token from travelling to the mirror
     with every request that any library makes.
     """
+    require_bool(disable_xet, "disable_xet")
     endpoint = require_endpoint(endpoint)
     os.environ["HF_ENDPOINT"] = endpoint
     if disable_xet:

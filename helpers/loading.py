@@ -126,6 +126,7 @@ def will_load(source: Source = None, quant: Quant = "nf4", ple: Placement = "cpu
               keep_bf16=(), double_quant: bool = False, towers: str = "gpu", head: str = "tied") -> LoadVerdict:
     """Ask before loading: do this checkpoint's weights, with this quantization, PLE placement, towers and head,
     fit what this GPU (or simulated card) has free right now? Reads only the config."""
+    require_bool(double_quant, "double_quant")
     require_choice(quant, QUANTS, "quant")
     require_choice(ple, PLACEMENTS, "ple")
     target = compute_device(default_device() if device is None else device)

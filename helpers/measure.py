@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from . import cards, placement
-from .errors import InvalidChoiceError, require_tokenizer
+from .errors import InvalidChoiceError, require_bool, require_tokenizer
 from .long_context import LongContext
 
 # cuBLAS picks reduction orders run to run unless its workspace is fixed (PyTorch's reproducibility notes)
@@ -44,6 +44,7 @@ def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32, *, keep_l
     """Greedy-decode exactly ``new_tokens`` after a fixed prompt: the tokens, their hash, how many
     distinct ones (a random-weight model that repeats one token proves nothing) and the time; with
     ``keep_logits`` the full logits of every step (float32, on the CPU) and their hash."""
+    require_bool(keep_logits, "keep_logits")
     device = placement.compute_device_of(model)  # not the PLE table's device, which may be the CPU
     ids = prompt_ids(tokenizer, prompt_length, device)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

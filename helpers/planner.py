@@ -890,6 +890,7 @@ def predict_host(config, quant: str = "nf4", ple: str = "cpu", *, offload_after_
                  calibration: dict | None = None) -> HostEstimate:
     """Predict the host memory of ``load_model(config, quant, ple)`` (``offload_after_load``: then
     ``offload_ple``), anonymous and file-backed, before anything is loaded."""
+    require_bool(offload_after_load, "offload_after_load")
     require_choice(quant, QUANTS, "quant")
     require_choice(ple, PLACEMENTS, "ple")
     calibration = calibration or load_host_calibration()

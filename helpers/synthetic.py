@@ -894,6 +894,7 @@ def write_weights(config, folder: Path, *, seed: int = DEFAULT_SEED, progress: b
     Returns ``({file name: sha256} for the shards, the number of worker processes started, and the
     peak resident bytes of those that made a piece, added up)``: 0 workers where the calling process
     built it alone."""
+    require_bool(progress, "progress")
     from tqdm.auto import tqdm
 
     if workers is not None:

@@ -18,6 +18,8 @@ from conftest import write_small_gguf
 
 from helpers import (
     anatomy,
+    course,
+    decoding,
     download,
     errors,
     exercises,
@@ -529,3 +531,65 @@ def test_the_census_line_shows_a_bare_and_a_silent_answer_when_there_are_some():
 
     line = census_tool().summary(Counter({"bare exception": 2, "silent": 1, "clear": 5, "no phrase": 1}), 9, Path("h"))
     assert "bare 2 / silent 1 / clear 5" in line and "no phrase 1" in line
+
+
+def unchecked_booleans(source: str, module: str) -> list:
+    """``module.function(parameter)`` for each boolean parameter (annotated ``bool`` or defaulting to True/False) of a
+    public function or method that neither ``require_bool`` checks nor is handed on as ``name=name``."""
+    import ast
+
+    tree = ast.parse(source)
+    found = []
+    for node in tree.body + [n for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body]:
+        if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+            continue
+        positional, keywords = node.args.args, node.args.kwonlyargs
+        defaults = dict(zip([a.arg for a in positional][len(positional) - len(node.args.defaults):], node.args.defaults))
+        defaults.update({a.arg: d for a, d in zip(keywords, node.args.kw_defaults) if d is not None})
+        body = ast.unparse(node)
+        for arg in positional + keywords:
+            default = defaults.get(arg.arg)
+            boolean = (arg.annotation is not None and ast.unparse(arg.annotation) in ("bool", "bool | None")) or (
+                isinstance(default, ast.Constant) and isinstance(default.value, bool))
+            if boolean and f"require_bool({arg.arg}" not in body and f"{arg.arg}={arg.arg}" not in body:
+                found.append(f"{module}.{node.name}({arg.arg})")
+    return found
+
+
+def test_no_boolean_parameter_of_helpers_takes_a_truthy_string_for_a_yes():
+    """``enable_thinking="no"`` once turned thinking on: every boolean of the public API goes through require_bool (or
+    is handed on by name to a function that does). The control: a function that only tests its flag is found."""
+    helpers_dir = Path(__file__).resolve().parents[1] / "helpers"
+    found = [name for path in sorted(helpers_dir.glob("*.py")) for name in unchecked_booleans(path.read_text(), path.stem)]
+    assert found == []
+    control = "def f(x, *, flag: bool = True):\n    return x if flag else None\n\ndef g(x, verbose=False):\n    return x\n"
+    assert unchecked_booleans(control, "m") == ["m.f(flag)", "m.g(verbose)"]
+    handed = "def f(x, *, flag: bool = True):\n    return h(x, flag=flag)\n"
+    assert unchecked_booleans(handed, "m") == []
+
+
+@pytest.mark.parametrize("call", [
+    lambda tmp: course.setup(dev="no", venv=tmp / "venv"),
+    lambda tmp: course.lab_command("python", browser="no"),
+    lambda tmp: course.lab_command("python", as_root=1),
+    lambda tmp: course.render_colab_cells(write="no"),
+    lambda tmp: download.use_mirror("http://127.0.0.1:9", disable_xet="no"),
+    lambda tmp: loading.will_load("tiny", double_quant="no"),
+    lambda tmp: planner.predict_host("tiny", offload_after_load="no"),
+    lambda tmp: decoding.graph_breaks(None, None, ple_outside="no"),
+], ids=["setup dev", "lab browser", "lab as_root", "colab write", "mirror disable_xet", "will_load double_quant",
+        "predict_host offload_after_load", "graph_breaks ple_outside"])
+def test_a_truthy_string_for_a_boolean_is_refused_before_any_work(call, tmp_path, monkeypatch):
+    from helpers.errors import CourseError
+
+    monkeypatch.setenv("HF_ENDPOINT", "https://huggingface.co")  # use_mirror would otherwise change it for the session
+    with pytest.raises(CourseError, match="pass True or False"):
+        call(tmp_path)
+    assert not (tmp_path / "venv").exists()
+
+
+def test_a_real_boolean_is_still_taken_where_the_strings_are_refused():
+    from helpers import course
+
+    assert "--no-browser" in course.lab_command("python", browser=False)
+    assert "--no-browser" not in course.lab_command("python", browser=True)
