@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
 from helpers.cards import CARD_SIZES_GB  # noqa: E402
 from helpers.paths import GPU_TIER_DIR, NOTEBOOKS_DIR  # noqa: E402
-from tools.record_nbval import code_hash  # noqa: E402
+from tools.record_nbval import card_label, code_hash  # noqa: E402
 
 SHAPES = ("e4b-shape", "e2b-shape")
 # two cards a call (eight kernels on the H200 box's 16 cores). Five cards, 20 kernels, ran group 00-03 in 455 s
@@ -36,23 +36,18 @@ def parts() -> list:
     return [(shape, tuple(cards[i:i + CARDS_PER_PART])) for shape in SHAPES for i in range(0, len(cards), CARDS_PER_PART)]
 
 
-def label(card: str) -> str:
-    """The column a card's runs are recorded under (record_nbval.card_label)."""
-    return card if card == "uncapped" else f"{float(card):g} GB"
-
-
 def unfinished(shape: str, cards: tuple, folder: Path = GPU_TIER_DIR, notebooks: Path = NOTEBOOKS_DIR) -> list:
-    """"card: notebook why" for each notebook of the part not recorded as passing on the code it has now."""
+    """One "card: notebook why" for each notebook of the part not recorded as passing on the code it has now."""
     path = folder / f"notebooks-{shape}.json"
     recorded = json.loads(path.read_text())["cards"] if path.is_file() else {}
     left = []
     for card in cards:
         for notebook in sorted(p.name for p in notebooks.glob("*.ipynb")):
-            entry = recorded.get(label(card), {}).get(notebook)
+            entry = recorded.get(card_label(card), {}).get(notebook)
             why = ("not run" if entry is None else "stale" if entry.get("code_sha") != code_hash(notebook, notebooks)
                    else None if entry["result"] == "pass" else "failed")
             if why:
-                left.append(f"{label(card)}: {notebook} {why}")
+                left.append(f"{card_label(card)}: {notebook} {why}")
     return left
 
 

@@ -55,10 +55,11 @@ def summarise(junit: Path) -> dict:
             for name, counts in sorted(counts_of.items())}
 
 
-def card_label() -> str:
-    """The simulated card a run used: $CARD_GB in GB, or "uncapped" for the whole GPU."""
-    card = os.environ.get("CARD_GB") or ""
-    return f"{float(card):g} GB" if card else "uncapped"
+def card_label(card: str | None = None) -> str:
+    """The column a card's runs are recorded under: ``card`` (default $CARD_GB) in GB, or "uncapped" for the whole
+    GPU (no cap, or the card sweep's "uncapped")."""
+    card = (os.environ.get("CARD_GB") or "") if card is None else card
+    return f"{float(card):g} GB" if card and card != "uncapped" else "uncapped"
 
 
 def run_date(junit: Path) -> str | None:
