@@ -142,6 +142,15 @@ def _long_context_cards(cards: tuple, plain: bool) -> list:
                               allocator="expandable_segments:True")] if plain else []))
 
 
+def _long_context_small_cards() -> list:
+    """The largest context on the cards below 8 GB, tuned: E4B text only on 4 GB (the planner's choice there), E4B
+    with the PLE on the CPU on 6 GB, and E2B with the PLE on the CPU on 4 GB, its smallest card."""
+    on = {"quant": "nf4", "ple": "cpu", "new_tokens": 0, "search_max_context": True, "path": "tuned"}
+    return [Configuration("e4b-shape", **on, name="tuned-4gb-text-only", card_gb=4, route="text-only"),
+            Configuration("e4b-shape", **on, name="tuned-6gb", card_gb=6),
+            Configuration("e2b-shape", **on, name="tuned-4gb", card_gb=4)]
+
+
 def _decode(model="e4b-shape", ple="cpu", quant="nf4", **settings) -> Configuration:
     return Configuration(model, quant, ple, new_tokens=256, keep_logits=True, **settings)
 
@@ -162,6 +171,7 @@ def presets() -> dict:
         "long-context": _long_context(),
         "long-context-8gb": _long_context_cards(SIMULATED_CARDS_GB[:1], plain=True),
         "long-context-cards": _long_context_cards(SIMULATED_CARDS_GB[1:], plain=False),
+        "long-context-small-cards": _long_context_small_cards(),
         # plain generate, its static-cache twin (the identity reference), the tuned decode in CUDA graphs of the
         # eager kernels, and the control: the tuned loop with one PLE row nudged by one bf16 ulp
         "decode-speed": [_decode(name="generate", decode="generate", profile=True),

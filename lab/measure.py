@@ -14,6 +14,8 @@ Routes:
   ple-cpu-nudged the control: ``ple="cpu"`` with one PLE row moved by one bf16 ulp; its logits must
                  differ from ``ple-gpu``'s, or the identity check proves nothing
   ple-cpu-fp16   ``ple="cpu"`` with 4-bit layers computing in fp16, what a T4 (no native bf16) gets
+  text-only      the planner's text-only choice (``planner.TEXT_ONLY``): the PLE, the towers and the token table
+                 on the CPU, a quantized head on the GPU; what E4B runs on a 4 GB card
 
 Long prompts (``helpers.long_context``): ``--path plain`` prefills with ``generate(prefill_chunk_size=N)`` as it
 comes, ``--path tuned`` with ``LongContext(chunk=N)`` (a static cache, attention without ``repeat_kv``); the
@@ -61,12 +63,12 @@ from helpers.measure import (
     self_consistent_steps,
 )
 from helpers.paths import write_text_atomically
-from helpers.planner import PATHS, decode_bytes_per_token, largest_true
+from helpers.planner import PATHS, TEXT_ONLY, decode_bytes_per_token, largest_true
 from helpers.weights import meta_model
 
 from .records import environment
 
-ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nudged", "ple-cpu-fp16")
+ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nudged", "ple-cpu-fp16", "text-only")
 # --decode modes: None = plain generate; otherwise decoding.Decoder's compile setting
 DECODE_MODES = {"generate": None, "generate-static": None, "loop": None, "dynamo": "eager", "cudagraphs": "cudagraphs",
                 "reduce-overhead": "reduce-overhead", "host-free": "cudagraphs"}
@@ -84,6 +86,9 @@ def _load(route: str, source, quant: str, device: int):
         return loading.load_model(source, quant=quant, ple=route.split("-")[1], device=device)
     if route == "ple-cpu-fp16":
         return loading.load_model(source, quant=quant, ple="cpu", device=device, compute_dtype=torch.float16)
+    if route == "text-only":
+        _, ple, towers, head = TEXT_ONLY
+        return loading.load_model(source, quant=quant, ple=ple, towers=towers, head=head, device=device)
     if route == "post-load":
         model = loading.load_model(source, quant=quant, ple="gpu", device=device)
         return placement.offload_ple(model, torch.device("cuda", device))

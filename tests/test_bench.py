@@ -130,8 +130,8 @@ def test_every_record_has_the_issue_keys_even_when_loading_runs_out_of_memory(tm
 
 # --------------------------------------------------------------------------- the long-context and speed presets
 
-ISSUE_15 = ("long-context", "long-context-8gb", "long-context-cards", "decode-speed", "decode-speed-inductor",
-            "decode-speed-more", "decode-speed-e2b")
+ISSUE_15 = ("long-context", "long-context-8gb", "long-context-cards", "long-context-small-cards", "decode-speed",
+            "decode-speed-inductor", "decode-speed-more", "decode-speed-e2b")
 
 
 def test_every_long_context_and_speed_preset_is_estimated_to_finish_within_ten_minutes_on_the_gpu_the_speeds_were_recorded_on():
@@ -445,3 +445,23 @@ def test_a_record_file_cut_short_is_refused_in_one_sentence_that_names_the_fix(t
     cut.write_text('{"ple-gpu": {"resident_bytes": 95')
     with pytest.raises(CourseError, match="not whole JSON.*git checkout -- e4b-shape-nf4.json"):
         records.gpu_tier("e4b-shape", "nf4", directory=tmp_path)
+
+
+def test_the_small_cards_search_runs_what_the_planner_would_load_there_and_text_only_loads_the_planners_text_only(
+        monkeypatch):
+    """Below 8 GB the planner runs E4B text only on 4 GB: the measured route must load exactly that choice (the PLE,
+    towers and token table on the CPU, its head), not the course's plain ple="cpu", or the figure is of another model."""
+    from helpers import planner
+    from lab import measure as lab_measure
+
+    small = {config.name: config for config in bench.presets()["long-context-small-cards"]}
+    assert all(config.card_gb < 8 and config.search_max_context and config.path == "tuned" for config in small.values())
+    assert small["tuned-4gb-text-only"].route == "text-only" and small["tuned-4gb"].model == "e2b-shape"
+    asked = {}
+    monkeypatch.setattr(lab_measure.loading, "load_model", lambda source, **kwargs: asked.update(kwargs))
+    lab_measure._load("text-only", "tiny", "nf4", 0)
+    quant, ple, towers, head = planner.TEXT_ONLY
+    assert (asked["ple"], asked["towers"], asked["head"]) == (ple, towers, head) and asked["quant"] == "nf4"
+    asked.clear()
+    lab_measure._load("ple-cpu", "tiny", "nf4", 0)  # the control: the course's route keeps towers and head
+    assert "towers" not in asked and asked["ple"] == "cpu"
