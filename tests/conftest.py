@@ -70,3 +70,14 @@ def write_small_gguf(path, rows: int = 16):
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def tool(name: str):
+    """A script of tools/ imported as a module, as the tests read it (tools/ is not installed with helpers)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

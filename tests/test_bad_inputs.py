@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_small_gguf
+from conftest import tool, write_small_gguf
 
 from helpers import (
     anatomy,
@@ -497,12 +497,7 @@ def test_every_command_line_of_helpers_is_in_the_battery():
 
 
 def census_tool():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bad_input_census", Path(__file__).parents[1] / "tools" / "bad_input_census.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tool("bad_input_census")
 
 
 def test_the_census_command_reports_no_bare_and_no_silent_answer_in_one_line(tmp_path):

@@ -1,14 +1,11 @@
 """The GPU card sweep (tools/card_sweep.py, make test-gpu-sweep): its parts cover every card size a learner brings
 and the whole GPU, for both shapes, each exactly once, in parts small enough for one device call."""
 
-import importlib.util
+from conftest import tool
 
 from helpers import cards
-from helpers.paths import REPO_ROOT
 
-spec = importlib.util.spec_from_file_location("card_sweep", REPO_ROOT / "tools" / "card_sweep.py")
-card_sweep = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(card_sweep)
+card_sweep = tool("card_sweep")
 
 
 def test_the_sweep_runs_every_card_size_from_4_gb_and_the_whole_gpu_for_both_shapes_once():

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import tool
 
 from helpers import download, faults, mirror
 
@@ -53,13 +54,7 @@ def test_offline_mode_stops_at_once_with_the_fix(monkeypatch, tmp_path):
 
 
 def fault_run():
-    """tools/fault_run.py as a module (tools/ is not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fault_run", Path(__file__).resolve().parents[1] / "tools" / "fault_run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tool("fault_run")
 
 
 def served_files(source: Path) -> dict:

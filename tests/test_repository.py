@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import tool as _tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,14 +36,6 @@ def test_the_gpu_workflow_runs_make_test_gpu_on_a_self_hosted_gpu_runner():
     assert any("make test-gpu" in step.get("run", "") for step in job["steps"])
 
 
-def _tool(name: str):
-    """A script of tools/ imported as a module (tools/ is not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_notebook_with_one_failing_cell_is_recorded_as_failed_with_the_run_date(tmp_path):

@@ -13,18 +13,11 @@ from helpers import anatomy, cards, charts, models, planner, records, weights
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from conftest import tool as _tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tool(name: str):
-    """A script of tools/ imported as a module (tools/ is not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
