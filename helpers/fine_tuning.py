@@ -16,6 +16,7 @@ as it does for inference (``placement.offload_ple`` finds it under peft's ``base
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 import shutil
@@ -115,6 +116,7 @@ def add_adapters(model, rank: int = RANK, alpha: int = ALPHA, *, seed: int = 0):
 
     placement.require_model(model)
     config = lora_config(rank, alpha)
+    seed = require_whole_number(seed, "seed", minimum=0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return get_peft_model(model, config)
@@ -171,9 +173,10 @@ def optimizer_for(model, learning_rate: float = 1e-3):
     parameters = trainable(model)
     if not parameters:
         raise InvalidChoiceError("the model has no trainable parameters; wrap it with fine_tuning.add_adapters first.")
-    learning_rate = float(learning_rate)
-    if learning_rate < 0 or not math.isfinite(learning_rate):
+    if (isinstance(learning_rate, bool) or not isinstance(learning_rate, numbers.Real)
+            or not (learning_rate >= 0 and math.isfinite(learning_rate))):  # "1e-3" is text; 0 is the tests' control
         raise InvalidChoiceError(f"learning_rate={learning_rate!r} is not supported; pass a small positive number, e.g. 1e-3.")
+    learning_rate = float(learning_rate)
     if parameters[0].device.type == "cuda":
         import bitsandbytes
 

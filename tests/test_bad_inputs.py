@@ -24,6 +24,7 @@ from helpers import (
     errors,
     exercises,
     faults,
+    fine_tuning,
     gguf_route,
     loading,
     long_context,
@@ -294,6 +295,11 @@ CASES += [
     ("gguf load with half a thread", lambda i: gguf_route.load(i.gguf("missing"), threads=0.5), "InvalidChoiceError", "threads=0.5"),
     ("gguf generate of a string llm", lambda i: gguf_route.generate("llm", [1, 2]), "InvalidChoiceError", "gguf_route.load"),
     ("gguf logits of a string llm", lambda i: gguf_route.logits("llm", []), "InvalidChoiceError", "gguf_route.load"),
+    # fine-tuning
+    *[(f"add_adapters with seed {seed!r}", lambda i, seed=seed: fine_tuning.add_adapters(i.model, seed=seed),
+       "InvalidChoiceError", "seed=") for seed in (1.5, -1, "0")],
+    *[(f"optimizer_for with learning_rate {rate!r}", lambda i, rate=rate: fine_tuning.optimizer_for(i.model, rate),
+       "InvalidChoiceError", "small positive number") for rate in ("abc", "1e-3", True, -1e-3, float("inf"))],
     # exercises
     ("exercise check with a misspelt context", lambda i: exercises.check("00.1", "x", sorce="tiny"), "InvalidChoiceError",
      "source=MODEL_NAME"),
@@ -380,6 +386,8 @@ ACCEPTED = [
     ("a device map of cpu entries", lambda i: loading.load_model("tiny", quant="bf16", device="cpu",
                                                                  device_map={"model": "cpu", "lm_head": "cpu"})),
     ("offload_ple onto the cpu", lambda i: placement.offload_ple(i.model, "cpu")),
+    ("a learning rate of 2e-4 and a numpy one", lambda i: [fine_tuning.optimizer_for(i.model, rate)
+                                                         for rate in (2e-4, __import__("numpy").float32(1e-3))]),
 ]
 
 
