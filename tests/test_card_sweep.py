@@ -36,3 +36,12 @@ def test_the_sweep_names_as_still_to_run_a_card_whose_record_is_missing_stale_or
     left = card_sweep.unfinished("e4b-shape", ("4", "6", "8", "uncapped"), tmp_path, notebooks)
     assert left == ["6 GB: 00_a.ipynb stale", "8 GB: 00_a.ipynb failed", "uncapped: 00_a.ipynb not run"]
     assert card_sweep.unfinished("e4b-shape", ("4",), tmp_path, notebooks) == []
+
+
+def test_a_notebook_checked_out_with_windows_line_ends_hashes_as_the_same_code(tmp_path):
+    import json
+
+    for name, source in (("lf.ipynb", "x = 1\ny = 2"), ("crlf.ipynb", "x = 1\r\ny = 2"), ("other.ipynb", "x = 1\ny = 3")):
+        (tmp_path / name).write_text(json.dumps({"cells": [{"cell_type": "code", "source": source}]}))
+    lf, crlf, other = (card_sweep.code_hash(name, tmp_path) for name in ("lf.ipynb", "crlf.ipynb", "other.ipynb"))
+    assert lf == crlf and lf != other  # the control: one character of code is another notebook

@@ -43,7 +43,8 @@ def code_hash(notebook: str, folder: Path = NOTEBOOKS_DIR) -> str | None:
     cells = json.loads(path.read_text())["cells"]
     sources = ["".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
                for cell in cells if cell["cell_type"] == "code"]
-    return hashlib.sha256(json.dumps(sources).encode()).hexdigest()[:16]
+    # a Windows checkout may carry CRLF line ends: the same code hashes the same there
+    return hashlib.sha256(json.dumps([source.replace("\r\n", "\n") for source in sources]).encode()).hexdigest()[:16]
 
 
 def summarise(junit: Path) -> dict:
