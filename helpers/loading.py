@@ -314,13 +314,14 @@ def course_device_map(skeleton, compute, ple: str, towers: str = "gpu", head: st
 LOADER_THREAD_WAIT_S = 120
 
 
-def give_back_failed_load(error: BaseException, threads_before=frozenset()) -> None:
+def give_back_failed_load(error: BaseException, threads_before) -> None:
     """Free what a load that failed partway had taken: the frames of its traceback still hold the half-built model
     (and a notebook keeps the last traceback), so their locals are cleared before the GPU's cache is emptied.
 
     transformers shuts its loader pool down without waiting (``shutdown(wait=False, cancel_futures=True)``), so the
     copies its worker threads had started still land on the GPU after the error: those threads (started since
-    ``threads_before``) finish first, or the cache would be emptied before their blocks arrive."""
+    ``threads_before``, the threads alive when the load began) finish first, or the cache would be emptied before
+    their blocks arrive. Without that snapshot an idle pool of someone else's would be waited on too."""
     import traceback
 
     for thread in set(threading.enumerate()) - set(threads_before):

@@ -40,11 +40,12 @@ def unfinished(shape: str, cards: tuple, folder: Path = GPU_TIER_DIR, notebooks:
     """One "card: notebook why" for each notebook of the part not recorded as passing on the code it has now."""
     path = folder / f"notebooks-{shape}.json"
     recorded = json.loads(path.read_text())["cards"] if path.is_file() else {}
+    current = {p.name: code_hash(p.name, notebooks) for p in sorted(notebooks.glob("*.ipynb"))}  # each read once
     left = []
     for card in cards:
-        for notebook in sorted(p.name for p in notebooks.glob("*.ipynb")):
+        for notebook, code in current.items():
             entry = recorded.get(card_label(card), {}).get(notebook)
-            why = ("not run" if entry is None else "stale" if entry.get("code_sha") != code_hash(notebook, notebooks)
+            why = ("not run" if entry is None else "stale" if entry.get("code_sha") != code
                    else None if entry["result"] == "pass" else "failed")
             if why:
                 left.append(f"{card_label(card)}: {notebook} {why}")
