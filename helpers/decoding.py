@@ -581,7 +581,8 @@ class TunedGreedy:
             logits = self._prefill(ids, cache)
             synchronize(self.device)
             prefilled = time.perf_counter()
-            tokens, kept = decode(logits, ids.shape[1], new_tokens, keep_logits, cache, mask_2d)
+            with torch.profiler.record_function(decode_range(new_tokens - 1)):
+                tokens, kept = decode(logits, ids.shape[1], new_tokens, keep_logits, cache, mask_2d)
             synchronize(self.device)
             done = time.perf_counter()
         return GreedyRun(tokens, kept, prefilled - began, done - prefilled)
@@ -644,8 +645,9 @@ def plain_greedy(model, ids: torch.Tensor, new_tokens: int, *, static_cache: boo
         synchronize(device)
         prefill = time.perf_counter() - began
         began = time.perf_counter()
-        out = model.generate(input_ids=ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, output_logits=keep_logits,
-                             **common, **extra)
+        with torch.profiler.record_function(decode_range(new_tokens)):  # generate's own prefill is one of them
+            out = model.generate(input_ids=ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                 output_logits=keep_logits, **common, **extra)
         synchronize(device)
         total = time.perf_counter() - began
     tokens = out.sequences[0, ids.shape[1]:].tolist()
@@ -685,6 +687,16 @@ def graph_breaks(model, ids: torch.Tensor, *, ple_outside: bool = True) -> dict:
 
 # --------------------------------------------------------------------------- a profile a learner can open
 
+DECODE_RANGE = "course decode, forwards: "  # a profiler range around a decode loop, and how many forwards it holds
+LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch"})
+COPIES = frozenset({"cudaMemcpyAsync", "cudaMemsetAsync"})  # GPU work started from the host that is no kernel
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace categories of what the GPU runs
+
+
+def decode_range(forwards: int) -> str:
+    return f"{DECODE_RANGE}{forwards}"
+
+
 @dataclass
 class ProfileSummary:
     steps: int
@@ -706,8 +718,11 @@ class ProfileSummary:
 
 def profile(run, trace_path, steps: int, device) -> ProfileSummary:
     """Run ``run()`` (``steps`` decode steps) under ``torch.profiler`` and write a Chrome trace to ``trace_path``
-    (open it at https://ui.perfetto.dev or chrome://tracing). The summary: wall time, how long GPU kernels ran,
-    how many kernels and launches, how many operators the CPU dispatched."""
+    (open it at https://ui.perfetto.dev or chrome://tracing). The summary: wall time, how long the GPU worked, how
+    many kernels and launches, how many operators the CPU dispatched. Where ``run`` decodes with ``plain_greedy``
+    or ``TunedGreedy``, these figures cover their decode loops only (the prefill apart, which would otherwise
+    weigh as much as many steps), divided per forward in ``by_step``; its ``top_kernels`` say where the GPU's
+    time went."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -726,18 +741,70 @@ def profile(run, trace_path, steps: int, device) -> ProfileSummary:
         synchronize(device)
         wall = time.perf_counter() - began
     prof.export_chrome_trace(str(trace_path))
+    events = trace_events(trace_path)
+    ranges = [(e["ts"], e["ts"] + e["dur"], int(e["name"][len(DECODE_RANGE):])) for e in events
+              if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name", "").startswith(DECODE_RANGE)]
+    if ranges:
+        return _decode_loop_summary(events, ranges, steps, str(trace_path))
     busy = kernels = launches = cpu_ops = 0
     for event in prof.key_averages():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             busy += event.self_device_time_total
             kernels += event.count
-        elif event.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch"):
+        elif event.key in LAUNCHES:
             launches += event.count
         elif event.key.startswith("aten::"):
             cpu_ops += event.count
     return ProfileSummary(steps, wall, busy / 1e6, kernels, launches, cpu_ops, str(trace_path),
                           {"wall_ms": 1e3 * wall / steps, "kernels": kernels / steps, "launches": launches / steps,
                            "cpu_ops": cpu_ops / steps})
+
+
+def _decode_loop_summary(events: list, ranges: list, steps: int, trace: str) -> ProfileSummary:
+    """``profile``'s figures over the decode-loop ranges of a trace: the CPU's operators and launches inside them,
+    the GPU work those launches started (joined by correlation id), and the wall from each range's start to the
+    later of its end and its last GPU work's end."""
+    def inside(event) -> int | None:
+        return next((i for i, (start, end, _) in enumerate(ranges) if start <= event["ts"] <= end), None)
+
+    launched, launches, cpu_ops = {}, 0, 0
+    for event in events:
+        if event.get("ph") != "X" or inside(event) is None:
+            continue
+        if event.get("cat") == "cuda_runtime" and event.get("name") in LAUNCHES | COPIES:
+            launches += event["name"] in LAUNCHES
+            launched[event.get("args", {}).get("correlation")] = inside(event)
+        elif event.get("cat") == "cpu_op" and event.get("name", "").startswith("aten::"):
+            cpu_ops += 1
+    work = [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_WORK
+            and e.get("args", {}).get("correlation") in launched]
+    ends = [end for _, end, _ in ranges]
+    by_name: dict = {}
+    for e in work:
+        index = launched[e["args"]["correlation"]]
+        ends[index] = max(ends[index], e["ts"] + e["dur"])
+        by_name[e["name"]] = by_name.get(e["name"], 0.0) + e["dur"]
+    wall_us = sum(end - start for (start, _, _), end in zip(ranges, ends))
+    busy_us = _union_us([(e["ts"], e["ts"] + e["dur"]) for e in work])
+    forwards = sum(n for _, _, n in ranges) or 1
+    kernels = sum(e.get("cat") == "kernel" for e in work)
+    top = sorted(by_name.items(), key=lambda item: -item[1])[:5]
+    worked = sum(by_name.values())  # each name's share of the GPU's summed work time
+    return ProfileSummary(steps, wall_us / 1e6, busy_us / 1e6, kernels, launches, cpu_ops, trace,
+                          {"wall_ms": wall_us / 1e3 / forwards, "kernels": kernels / forwards,
+                           "launches": launches / forwards, "cpu_ops": cpu_ops / forwards, "forwards": forwards,
+                           "top_kernels": [{"name": name[:120], "share": round(us / worked, 4)} for name, us in top]})
+
+
+def _union_us(intervals: list) -> float:
+    """The time covered by ``intervals`` (start, end), overlaps counted once."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total, reach = total + end - start, end
+        elif end > reach:
+            total, reach = total + end - reach, end
+    return total
 
 
 def trace_events(trace_path) -> list:

@@ -116,16 +116,17 @@ def preset_records(preset: str, model: str = "e4b-shape", directory: Path = MEAS
 def largest_contexts(model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
     """The largest prompt each simulated card prefilled and decoded after (bisected to 512 tokens), NF4 with the PLE
     on the CPU: card GB -> {how it was prefilled: tokens}. ``generate`` in one forward (the cards preset) and the
-    chunked paths (``long-context-8gb``, ``long-context-cards``); a search that reached
-    ``max_context_limit`` stopped at the model's positions, not at the card."""
+    chunked paths (``long-context-8gb``, ``long-context-cards``, ``long-context-small-cards``, whose text-only
+    route, towers and head off the GPU, is a way of its own); a search that reached ``max_context_limit`` stopped at
+    the model's positions, not at the card."""
     reached: dict = {}
-    for preset in ("cards", "long-context-8gb", "long-context-cards"):
+    for preset in ("cards", "long-context-8gb", "long-context-cards", "long-context-small-cards"):
         for record in latest_records(directory, preset=preset):
             c = record["configuration"]
-            if c["model"] != model or c["quant"] != "nf4" or c["ple"] != "cpu" or c.get("route"):
+            if c["model"] != model or c["quant"] != "nf4" or c["ple"] != "cpu" or c.get("route") not in ("", None, "text-only"):
                 continue
             how = ("generate, one prefill" if preset == "cards" else f"{c['path']}, chunks of {c['prefill_chunk']:,}"
-                   + (f", {c['allocator']}" if c.get("allocator") else ""))
+                   + (f", {c['allocator']}" if c.get("allocator") else "") + (", text only" if c.get("route") else ""))
             limit = record.get("max_context_limit")
             reached.setdefault(c["card_gb"], {})[how] = (
                 record.get("max_context"), bool(limit) and record.get("max_context") == limit)
@@ -378,6 +379,15 @@ def _identity(check: dict) -> str:
         return f"differ from step {check['first_difference']}; {rounding_sentence(check)}"
     return ("identical" if check.get("identical") else f"differ from step {check.get('first_difference')}") + \
         f" over {check.get('steps')} steps"
+
+
+def profile_covers(record: dict) -> str:
+    """What a decode record's profile covered: newer ones the decode loop alone (``decoding.profile`` found its
+    range), older ones the whole profiled run, prefill included."""
+    by_step = (record.get("profile") or {}).get("by_step", {})
+    if "forwards" in by_step:
+        return f"the decode loop alone ({by_step['forwards']} forwards), the prefill left out"
+    return f"{(record.get('profile') or {}).get('steps', 16)} steps and the prefill before them"
 
 
 def _decode_speed(directory: Path, preset: str = "decode-speed") -> Table:

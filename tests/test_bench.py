@@ -465,3 +465,10 @@ def test_the_small_cards_search_runs_what_the_planner_would_load_there_and_text_
     asked.clear()
     lab_measure._load("ple-cpu", "tiny", "nf4", 0)  # the control: the course's route keeps towers and head
     assert "towers" not in asked and asked["ple"] == "cpu"
+
+
+def test_a_profile_that_included_the_prefill_is_not_reported_as_the_decode_loop_alone():
+    loop_only = {"profile": {"steps": 64, "by_step": {"forwards": 63, "launches": 58}}}
+    whole_run = {"profile": {"steps": 16, "by_step": {"launches": 306}}}  # recorded before decode ranges existed
+    assert "decode loop alone (63 forwards)" in records.profile_covers(loop_only)
+    assert records.profile_covers(whole_run) == "16 steps and the prefill before them"

@@ -422,3 +422,45 @@ def test_decode_lengths_and_profiles_of_nothing_are_refused(nf4, ids):
     if not OLD_RELEASE:
         with pytest.raises(CourseError, match="max_position_embeddings"):
             decoding.TunedGreedy(nf4, decoding.Decoder(compile=None)).greedy(ids, too_long)
+
+
+def test_a_decode_profile_leaves_out_the_prefill_and_other_work_around_the_loop(nf4, ids, tmp_path):
+    def busy_elsewhere():
+        for _ in range(500):  # work outside the decode loop, as a prefill is: it must not weigh as steps do
+            torch.ones(4).add_(1)
+
+    def decode_only():
+        decoding.plain_greedy(nf4, ids, 4)
+
+    def decode_and_more():
+        busy_elsewhere()
+        decoding.plain_greedy(nf4, ids, 4)
+
+    alone = decoding.profile(decode_only, tmp_path / "alone.json", 4, "cpu")
+    with_more = decoding.profile(decode_and_more, tmp_path / "more.json", 4, "cpu")
+    assert with_more.by_step["forwards"] == alone.by_step["forwards"] == 4
+    assert abs(with_more.cpu_ops - alone.cpu_ops) < 100  # the 1,000 operators around the loop are not counted
+    unmarked = decoding.profile(busy_elsewhere, tmp_path / "unmarked.json", 4, "cpu")  # control: no decode loop
+    assert unmarked.cpu_ops >= 1000 and "forwards" not in unmarked.by_step
+
+
+def test_a_decode_profile_counts_the_gpu_work_its_launches_started_even_after_the_loop_returns():
+    """A CUDA-graph step's kernels run after its launch returns: they are joined to the loop by correlation id,
+    and the loop's wall reaches the last one's end. Work launched outside the loop is not counted."""
+    range_ = {"ph": "X", "cat": "user_annotation", "name": decoding.decode_range(2), "ts": 0, "dur": 100}
+    events = [range_,
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 5, "dur": 2, "args": {"correlation": 1}},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 50, "dur": 2, "args": {"correlation": 2}},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 200, "dur": 2, "args": {"correlation": 3}},
+              {"ph": "X", "cat": "kernel", "name": "gemv", "ts": 10, "dur": 20, "args": {"correlation": 1}},
+              {"ph": "X", "cat": "kernel", "name": "gemv", "ts": 20, "dur": 20, "args": {"correlation": 1}},
+              {"ph": "X", "cat": "kernel", "name": "argmax", "ts": 120, "dur": 30, "args": {"correlation": 2}},
+              {"ph": "X", "cat": "kernel", "name": "outside", "ts": 205, "dur": 50, "args": {"correlation": 3}},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 60, "dur": 1},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 300, "dur": 1}]
+    summary = decoding._decode_loop_summary(events, [(0, 100, 2)], 2, "trace.json")
+    assert (summary.kernels, summary.launches, summary.cpu_ops) == (3, 2, 1)
+    assert summary.wall_s == pytest.approx(150e-6)  # to the end of the kernel that ran after the loop returned
+    assert summary.device_busy_s == pytest.approx(60e-6)  # the overlapping gemvs count once: 10..40, 120..150
+    assert summary.device_busy_fraction == pytest.approx(0.4)
+    assert summary.by_step["kernels"] == 1.5 and summary.by_step["top_kernels"][0] == {"name": "gemv", "share": 0.5714}  # of 70 µs of work

@@ -393,7 +393,8 @@ def render_long_context_and_speed() -> str:
     else:
         lines += ["", f"Recorded by `{recorded['tuned-128k-8gb']['command']}`:", ""] + [f"- {line}" for line in goal]
     reached = records.largest_contexts()
-    ways = list(dict.fromkeys(how for card in reached.values() for how in card))
+    ways = sorted(dict.fromkeys(how for card in sorted(reached.values(), key=len, reverse=True) for how in card),
+                  key=lambda how: how.endswith("text only"))  # the columns of the card measured most ways first
     if any("chunks" in how for how in ways):
         lines += ["", f"The largest prompt each simulated card prefilled and decoded {measure.FIT_DECODE_TOKENS} tokens after "
                   f"(bisected to 512 tokens; * stopped at the model's {records.LONG_CONTEXTS[-1]:,} positions, not at the card):", "",
@@ -401,8 +402,14 @@ def render_long_context_and_speed() -> str:
         for card, by_way in reached.items():
             row = [("-" if way not in by_way else f"{by_way[way][0]:,}" + ("*" if by_way[way][1] else "")) for way in ways]
             lines.append(f"| {card:g} GB | " + " | ".join(row) + " |")
-        lines += ["", "Recorded by `python -m lab.bench cards`, `long-context-8gb` and `long-context-cards`. The seed "
+        lines += ["", "Recorded by `python -m lab.bench cards`, `long-context-8gb`, `long-context-cards` and "
+                  "`long-context-small-cards` (text only: `planner.TEXT_ONLY`, the towers and head off the GPU). The seed "
                   "issue's 16 GB card ran out of memory at an 8,500-token prefill (PLE on the GPU, modules kept in bf16)."]
+        smaller = records.largest_contexts("e2b-shape")
+        if smaller:
+            card = min(smaller)
+            lines += ["", f"E2B-shaped on its smallest recorded card, {card:g} GB: " + "; ".join(
+                f"{how}: {tokens:,} tokens" + ("*" if stopped else "") for how, (tokens, stopped) in smaller[card].items()) + "."]
         lines += render_fragmentation(reached)
     speed = records.preset_records("decode-speed")
     lines += ["", "**Decoding speed** (E4B-shaped, NF4, PLE on the CPU, batch 1, 256 tokens after a 32-token prompt):", ""]
@@ -411,8 +418,9 @@ def render_long_context_and_speed() -> str:
                      "`decode-speed-more`, `decode-speed-e2b`).")
         return "\n".join(lines)
     lines.append(records.table("decode-speed").markdown())
-    lines += ["", f"Recorded by `{next(iter(speed.values()))['command']}`. The profile covers 16 steps and the "
-              "prefill before them; GPU busy is the time its kernels ran over the wall time; its Chrome trace is written "
+    profiled = next((r for r in speed.values() if r.get("profile")), {})
+    lines += ["", f"Recorded by `{next(iter(speed.values()))['command']}`. The profile covers {records.profile_covers(profiled)}; "
+              "GPU busy is the time the GPU worked over the wall time; its Chrome trace is written "
               "under `build/traces/` (open it at https://ui.perfetto.dev)."]
     cited = records.cited_decode_speeds()
     tuned = speed.get("cudagraphs", {})
@@ -438,7 +446,8 @@ def render_host_free(tuned: dict) -> list:
              if rates.get("host-free") and rates.get("cudagraphs") else "")
     return ["", "**Decoding without the host in the loop** (`Decoder(host_free=True)`: the tables read in place from "
             "pinned host memory, the token, positions and masks on the GPU):", "", table.markdown(), "",
-            f"Recorded by `{next(iter(run.values()))['command']}`.{ratio}"]
+            f"Recorded by `{next(iter(run.values()))['command']}`.{ratio} The profile covers "
+            f"{records.profile_covers(next((r for r in run.values() if r.get('profile')), {}))}."]
 
 
 DECODE_CARDS = ("RTX 4060", "RTX 4050 Laptop", "RTX 3060", "Colab T4", "RTX 3090")
@@ -735,7 +744,19 @@ def text_only_headline() -> list:
             f"decoded {small['new_tokens']} at {small['decode_tokens_per_s']} tokens/s; a bf16 head keeps the logits "
             f"{'identical' if heads['bf16']['identical'] else 'DIFFERENT'}, the NF4 head agrees on "
             f"{heads['nf4']['top1_agreement']:.0%} of top-1 tokens (`GPU_RECORD=1 python -m pytest tests/gpu/test_text_only_gpu.py`, "
-            f"{record['gpu']})."]
+            f"{record['gpu']})." + _longest_text_only()]
+
+
+def _longest_text_only() -> str:
+    """The longest prompt the text-only route prefilled on its smallest recorded card ("" before the run)."""
+    from helpers import records
+
+    for card, ways in records.largest_contexts().items():  # smallest card first
+        for how, (tokens, _) in ways.items():
+            if how.endswith("text only"):
+                return (f" Its longest prompt on a {card:g} GB card, in chunks on the tuned path: {tokens:,} tokens "
+                        "(`make bench PRESET=long-context-small-cards`).")
+    return ""
 
 
 def render_headline() -> str:
