@@ -9,9 +9,10 @@ the card's memory, as transformers' loader and accelerate read it.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
-from .errors import SimulatedCardError
+from .errors import CudaUnavailableError, InvalidChoiceError, SimulatedCardError, brief, require_positive_number
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ CARD_SIZES_GB = tuple(sorted({card.memory_gb for card in LEARNER_CARDS}))
 
 def cards_with(memory_gb: float) -> tuple:
     """The learners' cards of this much memory."""
+    require_positive_number(memory_gb, "memory_gb")
     return tuple(card for card in LEARNER_CARDS if card.memory_gb == memory_gb)
 
 
@@ -74,6 +76,8 @@ def requested_card_gb(card_gb=None) -> float | None:
     value = card_gb if card_gb is not None else os.environ.get(CARD_ENV) or None
     if value is None:
         return None
+    if isinstance(value, bool):  # float(True) would simulate a 1 GB card
+        raise SimulatedCardError(f"CARD_GB={value!r} is not a number of gigabytes: use e.g. CARD_GB=8 for an RTX 4060.")
     try:
         gb = float(value)
     except (TypeError, ValueError):
@@ -83,11 +87,30 @@ def requested_card_gb(card_gb=None) -> float | None:
     return gb
 
 
+def require_gpu(device, what: str = "device"):
+    """``device`` if it names a GPU: an index (0 for the first), ``"cuda"``, ``"cuda:1"`` or a CUDA ``torch.device``."""
+    import torch
+
+    if isinstance(device, str) and re.fullmatch(r"cuda(:\d+)?", device):
+        return torch.device(device)
+    if (isinstance(device, torch.device) and device.type == "cuda") or (
+            isinstance(device, int) and not isinstance(device, bool) and device >= 0):
+        return device
+    raise InvalidChoiceError(f"{what}={brief(device)} is not a GPU; pass its index (0 for the first) or 'cuda:0'.")
+
+
+def _require_cuda(torch, what: str) -> None:
+    if not torch.cuda.is_available():
+        raise CudaUnavailableError(f"{what} reads a GPU's memory, and this machine has no CUDA GPU: on Colab choose "
+                                   "Runtime > Change runtime type > T4 GPU; on a CPU the course needs no memory budget.")
+
+
 def simulate(card_gb=None, device=0) -> float | None:
     """Cap this process's GPU memory at ``card_gb`` GB (10^9 bytes) so it behaves like that card;
     returns the cap in force (None: no cap). A no-op without CUDA. Call it before loading a model."""
     import torch
 
+    device = require_gpu(device)
     gb = requested_card_gb(card_gb)
     if gb is None or not torch.cuda.is_available():
         return None
@@ -128,6 +151,8 @@ def whole_gpu_memory(device=0) -> tuple:
     simulated: what tells a card's limit apart from a GPU shared with other processes."""
     import torch
 
+    device = require_gpu(device)
+    _require_cuda(torch, "whole_gpu_memory")
     reading = getattr(torch.cuda.mem_get_info, "whole_gpu", torch.cuda.mem_get_info)
     return reading(device)
 
@@ -150,6 +175,7 @@ def cap_in_force(device=0) -> float | None:
     """The GPU memory this process may use, in GB, when capped below the whole card (else None)."""
     import torch
 
+    device = require_gpu(device)
     if not torch.cuda.is_available():
         return None
     fraction = torch.cuda.get_per_process_memory_fraction(device) if hasattr(
@@ -164,6 +190,7 @@ def budget_bytes(device) -> int:
     card what the cap leaves after what PyTorch already reserved."""
     import torch
 
+    device = require_gpu(device)
     free, total = whole_gpu_memory(device)
     fraction = _memory_fraction(torch, _device_index(torch, device))
     if fraction < 1.0:
@@ -174,7 +201,10 @@ def budget_bytes(device) -> int:
 def max_memory(device=0) -> dict:
     """What ``device_map="auto"`` would be given on this card: the GPU's budget and the host's free RAM."""
     import psutil
+    import torch
 
+    require_gpu(device)
+    _require_cuda(torch, "max_memory")
     return {device: budget_bytes(device), "cpu": psutil.virtual_memory().available}
 
 
@@ -182,6 +212,7 @@ def describe(device=0) -> str:
     """One line for a notebook's first output: which GPU this kernel sees, and the card it simulates."""
     import torch
 
+    device = require_gpu(device)
     if not torch.cuda.is_available():
         return "no CUDA GPU: the notebooks run the tiny model on the CPU"
     name = torch.cuda.get_device_name(device)

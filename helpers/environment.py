@@ -20,7 +20,7 @@ from pathlib import Path
 from . import synthetic
 from .course import fix_cpu_only_torch_command, nvidia_driver
 from .download import course_folder, is_hub_id, verified_download
-from .errors import CourseError
+from .errors import CourseError, require_number, require_whole_number
 from .host_memory import total_ram_bytes
 from .models import requested
 from .paths import CACHE_ENV, REPO_ROOT, cache_dir
@@ -98,6 +98,8 @@ def in_colab() -> bool:
 
 def bf16_is_native(major: int, minor: int = 0) -> bool:
     """bf16 arithmetic in hardware from compute capability 8.0 (Ampere) on; a T4 (7.5) emulates it."""
+    major = require_whole_number(major, "major", minimum=0)
+    minor = require_whole_number(minor, "minor", minimum=0)
     return (major, minor) >= (8, 0)
 
 
@@ -106,6 +108,7 @@ def on_windows() -> bool:
 
 
 def gb(value: float) -> str:
+    require_number(value, "value")
     return f"{value / 1e9:.1f} GB"
 
 

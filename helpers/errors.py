@@ -162,6 +162,13 @@ def require_whole_number(value, what: str, *, minimum: int = 1, maximum: int | N
     return int(value)
 
 
+def require_number(value, what: str, *, minimum: float = 0.0) -> float:
+    """``value`` if it is a finite real number of at least ``minimum`` (a size in bytes, a tolerance, a time)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= minimum):
+        raise InvalidChoiceError(f"{what}={value!r} is not supported; pass a finite number, at least {minimum:g}.")
+    return value
+
+
 def require_positive_number(value, what: str) -> float:
     """``value`` if it is a real number above zero (``"8"`` and ``True`` are not)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value > 0 and math.isfinite(value)):

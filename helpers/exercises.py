@@ -21,7 +21,7 @@ import torch
 
 from . import download, environment, gguf_route, mirror, models, paths, placement, planner, weights
 from .chat import check_messages
-from .errors import ChatMessageError, CourseError, InvalidChoiceError
+from .errors import ChatMessageError, CourseError, InvalidChoiceError, require_number
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,9 @@ def as_number(answer) -> float | None:
 
 
 def within(answer, expected: float, tolerance: float) -> bool:
+    """Is ``answer`` a number within ``tolerance`` (a fraction) of ``expected``?"""
+    require_number(expected, "expected", minimum=-math.inf)
+    require_number(tolerance, "tolerance")
     value = as_number(answer)
     return value is not None and abs(value - expected) <= tolerance * expected
 

@@ -197,6 +197,7 @@ def pattern_batch(model_or_config, length: int, batch: int = 1, pattern: int = 1
     pattern = require_whole_number(pattern, "pattern", minimum=1, maximum=length, unit="tokens")
     config = getattr(model_or_config, "config", model_or_config)
     vocab = (getattr(config, "text_config", None) or config).vocab_size
+    seed = require_whole_number(seed, "seed", minimum=0)
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(16, vocab, (pattern,), generator=generator)  # past the special tokens
     return ids.repeat(math.ceil(length / pattern))[:length].expand(batch, length).clone()

@@ -36,6 +36,7 @@ from .errors import (
     LlamaCppRouteError,
     ModelNotFoundError,
     require_choice,
+    require_number,
     require_whole_number,
 )
 from .measure import prompt_ids
@@ -457,6 +458,9 @@ def generate(llm, prompt_ids: list, max_tokens: int = 32) -> dict:
 
 
 def rate(tokens: int, seconds: float) -> float | None:
+    """Tokens per second, None where nothing was timed."""
+    require_whole_number(tokens, "tokens", minimum=0)
+    require_number(seconds, "seconds")
     return round(tokens / seconds, 1) if seconds > 0 and tokens > 0 else None
 
 

@@ -26,6 +26,7 @@ from .errors import (
     require_bool,
     require_choice,
     require_model,  # noqa: F401 - placement.require_model, as the notebooks and helpers call it
+    require_number,
 )
 from .noise import ABSENT_DEVICE, silenced
 
@@ -568,6 +569,7 @@ def _where(module, tensor_name: str, tensor: torch.Tensor) -> str:
 
 
 def human_bytes(size: float) -> str:
+    require_number(size, "size")
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if size >= scale:
             return f"{size / scale:.2f} {unit}"

@@ -38,10 +38,13 @@ from pathlib import Path
 from .cards import CARDS, SYSTEM_RAM_ALLOWANCE_BYTES, budget_bytes
 from .errors import (
     CourseError,
+    InvalidChoiceError,
     RecordFileError,
+    brief,
     require_bool,
     require_choice,
     require_module_names,
+    require_number,
     require_positive_number,
     require_whole_number,
 )
@@ -86,6 +89,9 @@ def load_config(config):
 
 
 def text_config_of(config):
+    """The text config of a config object, or of a name, folder or hub id (read through ``load_config``)."""
+    if not hasattr(config, "to_dict"):
+        config = load_config(config)
     return getattr(config, "text_config", None) or config
 
 
@@ -113,11 +119,13 @@ class KVRates:
     window: int
 
     def bytes(self, context: int) -> int:
+        context = require_whole_number(context, "context", minimum=0, unit="tokens")
         return self.full_per_token * context + self.sliding_per_token * min(context, self.window)
 
 
 def kv_rates(config, bytes_per_value: int = 2) -> KVRates:
     """``KVRates`` of a config (read once: a planner bisection asks for thousands of contexts)."""
+    bytes_per_value = require_whole_number(bytes_per_value, "bytes_per_value", unit="bytes")
     values = config_values(config)
     layer_types = list(values["layer_types"])
     owners = len(layer_types) - (values.get("num_kv_shared_layers") or 0)
@@ -149,6 +157,9 @@ def chunked_prefill_terms(config, context: int, chunk: int, path: str = "plain",
     the largest full-attention layer's keys and values copied per query head by ``repeat_kv`` and its history
     concatenated anew by ``DynamicLayer.update`` (plain path only), and the boolean chunk x context mask."""
     require_choice(path, PATHS, "path")
+    context = require_whole_number(context, "context", unit="tokens")
+    chunk = require_whole_number(chunk, "chunk", unit="tokens")
+    bytes_per_value = require_whole_number(bytes_per_value, "bytes_per_value", unit="bytes")
     values = config_values(config)
     full = [(heads, width) for kind, (heads, width) in zip(values["layer_types"], _kv_heads_and_widths(config))
             if kind == "full_attention"]
@@ -176,6 +187,8 @@ def _kv_heads_and_widths(config) -> list:
 
 def logits_bytes(config, positions: int, bytes_per_value: int = 2) -> int:
     """Logits over the whole vocabulary for ``positions`` positions (bf16, before any upcast)."""
+    positions = require_whole_number(positions, "positions", minimum=0)
+    bytes_per_value = require_whole_number(bytes_per_value, "bytes_per_value", unit="bytes")
     return positions * text_config_of(config).vocab_size * bytes_per_value
 
 
@@ -199,6 +212,7 @@ class ActivationProfile:
     exact: bool  # False: borrowed from another architecture and scaled
 
     def bytes(self, context: int) -> float:
+        require_number(context, "context")
         return self.c0 + self.per_token * context + self.per_token_squared * context**2
 
 
@@ -322,6 +336,12 @@ def largest_true(low: int, high: int, predicate, resolution: int = 512):
     """The largest value in [low, high] (to ``resolution``) where a monotone ``predicate`` holds;
     None if it fails already at ``low``. The benchmark bisects real prefills with it; the planner
     its own prediction."""
+    low = require_whole_number(low, "low", minimum=0)
+    high = require_whole_number(high, "high", minimum=low)
+    resolution = require_whole_number(resolution, "resolution")
+    if not callable(predicate):
+        raise InvalidChoiceError(f"predicate={brief(predicate)} is not a function; pass one that takes a value and "
+                                 "answers True or False.")
     if not predicate(low):
         return None
     if predicate(high):
@@ -404,6 +424,7 @@ def decode_bytes_per_token(config, quant: str = "nf4", ple: str = "cpu", context
     """What one decode step must read from GPU memory at least: every GPU weight the text model uses (the
     towers idle; a PLE table on the GPU gives one row) and the keys and values of ``context`` positions.
     A card's memory bandwidth divided by this is the fastest decode it can reach at batch 1."""
+    context = require_whole_number(context, "context", minimum=0, unit="tokens")
     estimate = predict(config, quant, ple, 1)
     idle = ("vision tower", "audio tower", "PLE table")
     weights = sum(size for part, size in estimate.weights_by_part.items() if part not in idle)
@@ -910,6 +931,7 @@ def predict_host(config, quant: str = "nf4", ple: str = "cpu", *, offload_after_
 
 def host_fits(estimate: HostEstimate, ram_bytes: float) -> bool:
     """Does the anonymous peak leave the system its share of this machine's RAM?"""
+    require_positive_number(ram_bytes, "ram_bytes")
     return estimate.anon_generate_bytes + SYSTEM_RAM_ALLOWANCE_BYTES <= ram_bytes
 
 

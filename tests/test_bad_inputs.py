@@ -18,9 +18,11 @@ from conftest import tool, write_small_gguf
 
 from helpers import (
     anatomy,
+    cards,
     course,
     decoding,
     download,
+    environment,
     errors,
     exercises,
     faults,
@@ -300,6 +302,27 @@ CASES += [
        "InvalidChoiceError", "seed=") for seed in (1.5, -1, "0")],
     *[(f"optimizer_for with learning_rate {rate!r}", lambda i, rate=rate: fine_tuning.optimizer_for(i.model, rate),
        "InvalidChoiceError", "small positive number") for rate in ("abc", "1e-3", True, -1e-3, float("inf"))],
+    # sizes, counts and devices of the planner's and the cards' building blocks
+    *[(f"{name} {value!r}", lambda i, call=call, value=value: call(value), "InvalidChoiceError", phrase)
+      for name, call, phrase in (
+          ("cards.size_label of", cards.size_label, "number above zero"),
+          ("cards.describe on device", cards.describe, "not a GPU"),
+          ("kv_cache_bytes at context", lambda v: planner.kv_cache_bytes("tiny", v), "whole number of tokens"),
+          ("kv_cache_bytes with bytes_per_value", lambda v: planner.kv_cache_bytes("tiny", 64, v), "whole number of bytes"),
+          ("chunked_prefill_terms with chunk", lambda v: planner.chunked_prefill_terms("tiny", 256, v), "whole number of tokens"),
+          ("logits_bytes of positions", lambda v: planner.logits_bytes("tiny", v), "whole number"),
+          ("decode_bytes_per_token at context", lambda v: planner.decode_bytes_per_token("tiny", context=v), "whole number"),
+          ("largest_true with resolution", lambda v: planner.largest_true(0, 100, bool, v), "whole number"),
+          ("human_bytes of", placement.human_bytes, "finite number"),
+          ("bf16_is_native of compute capability", environment.bf16_is_native, "whole number"),
+          ("exercises.within with tolerance", lambda v: exercises.within(1.0, 1.0, v), "finite number"),
+          ("gguf_route.rate over seconds", lambda v: gguf_route.rate(10, v), "finite number"),
+          ("pattern_batch with seed", lambda v: fine_tuning.pattern_batch(synthetic.gemma4_config("tiny"), 8, seed=v),
+           "whole number"))
+      for value in (-1, "8", True, float("nan"))],
+    ("largest_true with a predicate that is no function", lambda i: planner.largest_true(0, 100, 5), "InvalidChoiceError",
+     "not a function"),
+    ("CARD_GB=True", lambda i: cards.simulate(True), "SimulatedCardError", "number of gigabytes"),
     # exercises
     ("exercise check with a misspelt context", lambda i: exercises.check("00.1", "x", sorce="tiny"), "InvalidChoiceError",
      "source=MODEL_NAME"),
@@ -386,6 +409,10 @@ ACCEPTED = [
     ("a device map of cpu entries", lambda i: loading.load_model("tiny", quant="bf16", device="cpu",
                                                                  device_map={"model": "cpu", "lm_head": "cpu"})),
     ("offload_ple onto the cpu", lambda i: placement.offload_ple(i.model, "cpu")),
+    ("a card size, a zero size and a numpy count", lambda i: [cards.size_label(8), placement.human_bytes(0),
+                                                              planner.kv_cache_bytes("tiny", __import__("numpy").int64(64))]),
+    ("a compute capability of 7.5 and a tolerance of 0", lambda i: [environment.bf16_is_native(7, 5),
+                                                                   exercises.within(1.0, 1.0, 0)]),
     ("a learning rate of 2e-4 and a numpy one", lambda i: [fine_tuning.optimizer_for(i.model, rate)
                                                          for rate in (2e-4, __import__("numpy").float32(1e-3))]),
 ]
