@@ -74,15 +74,22 @@ test-notebooks: install
 	@if [ -n "$(NOTEBOOKS)" ]; then $(PY) -m pytest --nbval-lax -p no:cacheprovider $(NOTEBOOKS); \
 	else echo "no notebooks yet"; fi
 
-test-matrix: install
-	@for v in $(TRANSFORMERS_MATRIX); do \
-		target=.cache/transformers-$$v; \
-		if [ ! -f $$target/.installed ]; then \
-			$(PY) -m pip install -q --target $$target "transformers==$$v" && touch $$target/.installed || exit 1; fi; \
-		echo "== CPU tier on transformers $$v"; \
-		PYTHONPATH=$$target $(PY) -m pytest tests -q -p no:cacheprovider -m "not gpu" || exit 1; \
+test-matrix: install llama-cpp
+	@# a venv of its own per release, resolved by pip as a learner's would be: an older transformers laid over this
+	@# venv would also see the packages only the newer one pulls in (transformers 5.25 brings kernels 0.19, which
+	@# transformers 5.5.2 cannot import beside). Same torch as this venv; the course's requirements otherwise.
+	@torch_pin="torch==$$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	for v in $(TRANSFORMERS_MATRIX); do \
+		env=.cache/matrix-transformers-$$v; \
+		if [ ! -f $$env/.installed ]; then \
+			rm -rf $$env && $(PYTHON) -m venv $$env && \
+			$$env/bin/python -m pip install -q -r requirements-dev.txt "$$torch_pin" "transformers==$$v" \
+				$(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl gguf==$(GGUF) && \
+			$$env/bin/python -m pip install -q --no-deps -e . && touch $$env/.installed || exit 1; fi; \
+		echo "== CPU tier on transformers $$v ($$($$env/bin/python -m pip freeze | grep -i -E '^(huggingface.hub|kernels)==' | tr '\n' ' '))"; \
+		$$env/bin/python -m pytest tests -q -p no:cacheprovider -m "not gpu" || exit 1; \
 		echo "== notebook 07 (chat templates) on transformers $$v"; \
-		PYTHONPATH=$$target $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q notebooks/07_chat.ipynb || exit 1; \
+		$$env/bin/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q notebooks/07_chat.ipynb || exit 1; \
 	done
 	@for v in $(ACCELERATE_MATRIX); do \
 		target=.cache/accelerate-$$v; \

@@ -21,9 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import transformers
 from packaging.version import Version
-from transformers import ProcessorMixin, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
 from . import loading
 from .errors import (
@@ -40,6 +38,10 @@ from .errors import (
     require_whole_number,
 )
 from .placement import compute_device_of
+
+loading.require_importable_transformers()  # one sentence, not a traceback from inside transformers' import
+import transformers  # noqa: E402
+from transformers import ProcessorMixin, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer  # noqa: E402
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 INSTRUCTION_ROLES = ("system", "developer")  # Gemma 4's templates render a first developer message as the system turn

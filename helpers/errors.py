@@ -84,6 +84,12 @@ class OutdatedTransformersError(CourseError):
     entry = "transformers-too-old"
 
 
+class LibraryClashError(CourseError):
+    """Two installed releases that cannot be imported together (an older transformers beside a newer kernels)."""
+
+    entry = "transformers-and-kernels-clash"
+
+
 class InvalidChoiceError(CourseError):
     """An argument outside the choices the course supports."""
 

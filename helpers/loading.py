@@ -22,6 +22,7 @@ from .errors import (
     BitsandbytesMissingError,
     InsufficientGPUMemoryError,
     InvalidChoiceError,
+    LibraryClashError,
     OutdatedTransformersError,
     require_bool,
     require_choice,
@@ -39,13 +40,40 @@ FIRST_WITH_NO_CACHE_FIX = "5.5.2"  # huggingface/transformers#45242, fixed by #4
 Device = int | str | torch.device
 
 
+def require_importable_transformers(importer=importlib.import_module) -> None:
+    """Refuse a transformers that cannot be imported beside the installed ``kernels``: kernels 0.15 made a version or
+    revision mandatory, and older transformers builds its kernel table without one at import (transformers#46291)."""
+    try:
+        importer("transformers.integrations.hub_kernels")
+    except ModuleNotFoundError:
+        return  # a release without hub kernels: nothing to clash with
+    except ValueError as err:
+        if "revision or a version" not in str(err):
+            raise
+        import importlib.metadata
+
+        def installed(name):
+            try:
+                return importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                return "(release unknown)"
+
+        transformers_version, kernels_version = installed("transformers"), installed("kernels")
+        raise LibraryClashError(
+            f"transformers {transformers_version} cannot be imported beside kernels {kernels_version} "
+            "(huggingface/transformers#46291): run `pip install -U transformers` (or `pip uninstall kernels`) "
+            "and restart the kernel.") from None
+
+
 def check_transformers(version: str | None = None) -> None:
-    """Refuse releases without Gemma 4; warn on those whose ``use_cache=False`` path is wrong."""
+    """Refuse releases without Gemma 4 or that cannot be imported; warn on those whose ``use_cache=False`` path is
+    wrong."""
     from packaging.version import Version
 
     if version is None:
         import transformers
 
+        require_importable_transformers()
         version = transformers.__version__
     if Version(version) < Version(FIRST_WITH_GEMMA4):
         raise OutdatedTransformersError(

@@ -13,6 +13,7 @@ from helpers.errors import (
     DeviceMapKeyError,
     InsufficientGPUMemoryError,
     InvalidChoiceError,
+    LibraryClashError,
     ModelNotFoundError,
     NoPLETableError,
     NotAGemma4CheckpointError,
@@ -109,6 +110,31 @@ def test_an_unsupported_choice_lists_the_supported_ones(kwargs):
 def test_a_transformers_release_without_gemma4_is_refused_with_the_upgrade_command():
     with pytest.raises(OutdatedTransformersError, match="pip install -U"):
         loading.check_transformers("4.57.6")
+
+
+def kernels_table_refused(name):
+    # what transformers 5.5.2-5.12 raise on import beside kernels >= 0.15 (reproduced by `make test-matrix`'s logs)
+    raise ValueError("Either a revision or a version must be specified.")
+
+
+def test_a_transformers_that_cannot_import_beside_a_newer_kernels_gets_one_sentence_not_a_library_traceback():
+    with pytest.raises(LibraryClashError, match=r"cannot be imported beside kernels .*46291.*pip install -U transformers"):
+        loading.require_importable_transformers(kernels_table_refused)
+    loading.require_importable_transformers()  # the installed stack imports
+
+
+def test_another_value_error_inside_transformers_import_is_not_taken_for_the_kernels_clash():
+    # the control: only the clash's own message is translated; anything else keeps its traceback
+    def broken(name):
+        raise ValueError("something else broke")
+
+    with pytest.raises(ValueError, match="something else"):
+        loading.require_importable_transformers(broken)
+
+    def absent(name):
+        raise ModuleNotFoundError(name)
+
+    loading.require_importable_transformers(absent)  # a release without hub kernels has nothing to clash with
 
 
 def test_releases_with_the_use_cache_false_bug_warn_and_name_the_issue():
