@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 # transformers releases the CPU tier also runs on, besides the one requirements.txt installs:
 # the first without transformers#45242, and the one on the course's GPU image.
 TRANSFORMERS_MATRIX ?= 5.5.2 5.17.0
+MATRIX_VENV := .cache/matrix-transformers
 # accelerate releases the hook tests also run on: the last whose AlignDevicesHook is a graph break
 ACCELERATE_MATRIX ?= 1.15.0
 ACCELERATE_TESTS ?= tests/test_decoding.py tests/test_placement.py
@@ -74,22 +75,24 @@ test-notebooks: install
 	@if [ -n "$(NOTEBOOKS)" ]; then $(PY) -m pytest --nbval-lax -p no:cacheprovider $(NOTEBOOKS); \
 	else echo "no notebooks yet"; fi
 
-test-matrix: install llama-cpp
-	@# a venv of its own per release, resolved by pip as a learner's would be: an older transformers laid over this
-	@# venv would also see the packages only the newer one pulls in (transformers 5.25 brings kernels 0.19, which
-	@# transformers 5.5.2 cannot import beside). Same torch as this venv; the course's requirements otherwise.
-	@torch_pin="torch==$$($(PY) -c 'import torch; print(torch.__version__)')"; \
-	for v in $(TRANSFORMERS_MATRIX); do \
-		env=.cache/matrix-transformers-$$v; \
-		if [ ! -f $$env/.installed ]; then \
-			rm -rf $$env && $(PYTHON) -m venv $$env && \
-			$$env/bin/python -m pip install -q -r requirements-dev.txt "$$torch_pin" "transformers==$$v" \
-				$(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl gguf==$(GGUF) && \
-			$$env/bin/python -m pip install -q --no-deps -e . && touch $$env/.installed || exit 1; fi; \
-		echo "== CPU tier on transformers $$v ($$($$env/bin/python -m pip freeze | grep -i -E '^(huggingface.hub|kernels)==' | tr '\n' ' '))"; \
-		$$env/bin/python -m pytest tests -q -p no:cacheprovider -m "not gpu" || exit 1; \
+## a venv of its own per transformers release, resolved by pip as a learner's would be: an older transformers laid
+## over .venv would also see what only the newer one pulls in (transformers 5.25 brings kernels 0.19, which 5.5.2
+## cannot import beside). The same torch as .venv, the course's requirements otherwise; tools/probe_plain_strings.py
+## builds its releases here too.
+$(MATRIX_VENV)-%/.installed: $(VENV)/.installed $(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON)
+	rm -rf $(@D) && $(PYTHON) -m venv $(@D)
+	$(@D)/bin/python -m pip install -q -r requirements-dev.txt "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" \
+		"transformers==$*" $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl gguf==$(GGUF)
+	$(@D)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+test-matrix: install $(foreach v,$(TRANSFORMERS_MATRIX),$(MATRIX_VENV)-$(v)/.installed)
+	@for v in $(TRANSFORMERS_MATRIX); do \
+		python=$(MATRIX_VENV)-$$v/bin/python; \
+		echo "== CPU tier on transformers $$v ($$($$python -m pip freeze | grep -i -E '^(huggingface.hub|kernels)==' | tr '\n' ' '))"; \
+		$$python -m pytest tests -q -p no:cacheprovider -m "not gpu" || exit 1; \
 		echo "== notebook 07 (chat templates) on transformers $$v"; \
-		$$env/bin/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q notebooks/07_chat.ipynb || exit 1; \
+		$$python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q notebooks/07_chat.ipynb || exit 1; \
 	done
 	@for v in $(ACCELERATE_MATRIX); do \
 		target=.cache/accelerate-$$v; \

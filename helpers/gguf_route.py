@@ -173,6 +173,7 @@ def convert(checkpoint, outfile, outtype: str = "bf16") -> dict:
 def quantize(source, dest, kind: str = "Q4_K_M", threads: int | None = None) -> dict:
     """``llama-quantize SOURCE DEST Q4_K_M`` through llama-cpp-python's binding of ``llama_model_quantize``, written
     aside and renamed into place; never over ``source``."""
+    threads = None if threads is None else require_whole_number(threads, "threads", unit="threads")
     require_llama_cpp()
     import llama_cpp
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from . import cards, placement
-from .errors import InvalidChoiceError, require_bool, require_tokenizer
+from .errors import InvalidChoiceError, require_bool, require_tokenizer, require_whole_number
 from .long_context import LongContext
 
 # cuBLAS picks reduction orders run to run unless its workspace is fixed (PyTorch's reproducibility notes)
@@ -26,6 +26,7 @@ PROMPT_TEXT = "The per-layer embedding table is a lookup, so only the rows of th
 def prompt_ids(tokenizer, length: int, device) -> torch.Tensor:
     """Exactly ``length`` token ids from a fixed text (works for real and synthetic tokenizers)."""
     require_tokenizer(tokenizer)
+    length = require_whole_number(length, "length", unit="tokens")
     ids = tokenizer(PROMPT_TEXT, add_special_tokens=False)["input_ids"]
     repeated = (ids * (length // max(len(ids), 1) + 1))[: length - 1]
     return torch.tensor([[tokenizer.bos_token_id, *repeated]], device=device)
@@ -99,7 +100,7 @@ def math_attention():
 def compare_logits(reference: torch.Tensor, candidate: torch.Tensor, steps: int | None = None) -> dict:
     """Bit-for-bit comparison of two runs' logits, every vocabulary entry of the first ``steps``
     steps (all by default), and the first step where they differ (None: nowhere)."""
-    steps = min(len(reference), len(candidate)) if steps is None else steps
+    steps = min(len(reference), len(candidate)) if steps is None else require_whole_number(steps, "steps")
     reference, candidate = reference[:steps], candidate[:steps]
     if reference.shape != candidate.shape:
         return {"identical": False, "max_abs_diff": float("inf"), "steps": steps, "first_difference": 0}
@@ -122,7 +123,7 @@ def compare_rounding(reference: torch.Tensor, candidate: torch.Tensor, steps: in
     ``ROUNDING_BOUND`` of the reference's spread (the largest is reported beside it). From the step after their
     greedy tokens part they are two
     different conversations, so those steps are not compared (``tokens_part_at``: None when they never part)."""
-    steps = min(len(reference), len(candidate)) if steps is None else steps
+    steps = min(len(reference), len(candidate)) if steps is None else require_whole_number(steps, "steps")
     reference, candidate = reference[:steps].float().reshape(steps, -1), candidate[:steps].float()
     if candidate.numel() != reference.numel():
         return {"steps": steps, "first_difference": 0, "tokens_part_at": 0, "compared_steps": 0,
@@ -153,6 +154,8 @@ def ple_row_nudged(model, token_id: int):
     """The control for an identity check: one PLE row moved by one bf16 ulp (its bit pattern + 1),
     restored on exit. A comparison that cannot tell this model from the original proves nothing."""
     tables = [model.get_submodule(name).weight for name in placement.require_ple(model)]
+    token_id = require_whole_number(token_id, "token_id", minimum=0, maximum=tables[0].shape[0] - 1,
+                                    maximum_is="the last row of the PLE table")
     originals = [table.data[token_id].clone() for table in tables]
     with torch.no_grad():
         for table in tables:

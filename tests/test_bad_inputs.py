@@ -30,6 +30,7 @@ from helpers import (
     gguf_route,
     loading,
     long_context,
+    measure,
     mirror,
     models,
     placement,
@@ -320,6 +321,21 @@ CASES += [
           ("pattern_batch with seed", lambda v: fine_tuning.pattern_batch(synthetic.gemma4_config("tiny"), 8, seed=v),
            "whole number"))
       for value in (-1, "8", True, float("nan"))],
+    # the identity checks' own tools: a prompt length, a step count, the control's row
+    *[(f"{name} {value!r}", lambda i, call=call, value=value: call(i, value), "InvalidChoiceError", phrase)
+      for name, call, phrase in (
+          ("prompt_ids of length", lambda i, v: measure.prompt_ids(loading.load_tokenizer("tiny"), v, "cpu"),
+           "whole number of tokens"),
+          ("compare_logits over steps", lambda i, v: measure.compare_logits(torch.zeros(2, 3), torch.zeros(2, 3), v),
+           "whole number"),
+          ("compare_rounding over steps", lambda i, v: measure.compare_rounding(torch.zeros(2, 3), torch.zeros(2, 3), v),
+           "whole number"),
+          ("ple_row_nudged at token", lambda i, v: measure.ple_row_nudged(i.model, v).__enter__(), "token_id="))
+      for value in (-1, "8", True, float("nan"))],
+    ("ple_row_nudged past the table", lambda i: measure.ple_row_nudged(i.model, 10**9).__enter__(), "InvalidChoiceError",
+     "the last row of the PLE table"),
+    ("gguf quantize with half a thread", lambda i: gguf_route.quantize(i.gguf("missing"), i.root / "q.gguf", threads=0.5),
+     "InvalidChoiceError", "threads=0.5"),
     ("largest_true with a predicate that is no function", lambda i: planner.largest_true(0, 100, 5), "InvalidChoiceError",
      "not a function"),
     ("CARD_GB=True", lambda i: cards.simulate(True), "SimulatedCardError", "number of gigabytes"),

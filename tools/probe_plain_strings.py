@@ -4,7 +4,7 @@ into data/chat/plain-string-content.json (one entry per release and processor cl
     python tools/probe_plain_strings.py 5.5.2 5.6.2 5.7.0 5.17.0 5.24.0
     python tools/probe_plain_strings.py --here      # only the transformers this python has
 
-Each release is installed with pip into .cache/transformers-<version> (as `make test-matrix` does) and
+Each release gets the venv `make test-matrix` builds for it (.cache/matrix-transformers-<version>) and is
 probed in a fresh process: `python -m helpers.chat probe` on the tiny checkpoint, through the full Gemma 4
 processor where torchvision is importable, else through helpers.chat.TextProcessor (the same inherited
 ProcessorMixin.apply_chat_template). Run it on a GPU box with torchvision to record Gemma4Processor itself.
@@ -27,19 +27,17 @@ from helpers.paths import CHAT_DIR  # noqa: E402
 RECORD = CHAT_DIR / "plain-string-content.json"
 
 
-def site_for(version: str) -> Path:
-    target = ROOT / ".cache" / f"transformers-{version}"
-    if not (target / ".installed").is_file():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(target), f"transformers=={version}"],
-                       check=True)
-        (target / ".installed").touch()
-    return target
+def python_for(version: str) -> str:
+    """The python of the release's own venv, built by the Makefile's rule (once)."""
+    marker = f".cache/matrix-transformers-{version}/.installed"
+    subprocess.run(["make", "--no-print-directory", marker], cwd=ROOT, check=True)
+    return str(ROOT / Path(marker).parent / "bin" / "python")
 
 
-def probe(site: Path | None) -> dict:
+def probe(python: str) -> dict:
     env = dict(os.environ, GEMMA_COURSE_CACHE=tempfile.mkdtemp(prefix="probe-"), HF_HUB_OFFLINE="1")
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (site, ROOT) if p)
-    done = subprocess.run([sys.executable, "-m", "helpers.chat", "probe", "--model", "tiny"], env=env,
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([python, "-m", "helpers.chat", "probe", "--model", "tiny"], env=env,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -49,7 +47,7 @@ def main(argv=None) -> int:
     parser.add_argument("versions", nargs="*", help="transformers releases to install and probe")
     parser.add_argument("--here", action="store_true", help="probe the transformers this python already has")
     args = parser.parse_args(argv)
-    results = ([probe(None)] if args.here else []) + [probe(site_for(v)) for v in args.versions]
+    results = ([probe(sys.executable)] if args.here else []) + [probe(python_for(v)) for v in args.versions]
     entries = json.loads(RECORD.read_text()) if RECORD.is_file() else []
     fresh = {(r["transformers"], r["processor"]) for r in results}
     entries = [e for e in entries if (e["transformers"], e["processor"]) not in fresh] + results
