@@ -9,6 +9,7 @@ the gathered rows travel to the GPU.
 from __future__ import annotations
 
 import gc
+import importlib.metadata
 import importlib.util
 import threading
 import warnings
@@ -40,17 +41,16 @@ FIRST_WITH_NO_CACHE_FIX = "5.5.2"  # huggingface/transformers#45242, fixed by #4
 Device = int | str | torch.device
 
 
-def require_importable_transformers(importer=importlib.import_module) -> None:
+def require_importable_transformers() -> None:
     """Refuse a transformers that cannot be imported beside the installed ``kernels``: kernels 0.15 made a version or
     revision mandatory, and older transformers builds its kernel table without one at import (transformers#46291)."""
     try:
-        importer("transformers.integrations.hub_kernels")
+        importlib.import_module("transformers.integrations.hub_kernels")
     except ModuleNotFoundError:
         return  # a release without hub kernels: nothing to clash with
     except ValueError as err:
         if "revision or a version" not in str(err):
             raise
-        import importlib.metadata
 
         def installed(name):
             try:

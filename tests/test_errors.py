@@ -112,29 +112,29 @@ def test_a_transformers_release_without_gemma4_is_refused_with_the_upgrade_comma
         loading.check_transformers("4.57.6")
 
 
-def kernels_table_refused(name):
-    # what transformers 5.5.2-5.12 raise on import beside kernels >= 0.15 (reproduced by `make test-matrix`'s logs)
-    raise ValueError("Either a revision or a version must be specified.")
+def importing(monkeypatch, raised: Exception) -> None:
+    """Make the import of transformers' hub-kernel table raise ``raised``, as a broken stack would."""
+    def import_module(name, *args):
+        raise raised
+
+    monkeypatch.setattr(loading.importlib, "import_module", import_module)
 
 
-def test_a_transformers_that_cannot_import_beside_a_newer_kernels_gets_one_sentence_not_a_library_traceback():
-    with pytest.raises(LibraryClashError, match=r"cannot be imported beside kernels .*46291.*pip install -U transformers"):
-        loading.require_importable_transformers(kernels_table_refused)
+def test_a_transformers_that_cannot_import_beside_a_newer_kernels_gets_one_sentence_not_a_library_traceback(monkeypatch):
     loading.require_importable_transformers()  # the installed stack imports
+    # the message kernels' LayerRepository raises for transformers 5.5.2-5.12 beside kernels >= 0.15
+    importing(monkeypatch, ValueError("Either a revision or a version must be specified."))
+    with pytest.raises(LibraryClashError, match=r"cannot be imported beside kernels .*46291.*pip install -U transformers"):
+        loading.require_importable_transformers()
 
 
-def test_another_value_error_inside_transformers_import_is_not_taken_for_the_kernels_clash():
+def test_another_value_error_inside_transformers_import_is_not_taken_for_the_kernels_clash(monkeypatch):
     # the control: only the clash's own message is translated; anything else keeps its traceback
-    def broken(name):
-        raise ValueError("something else broke")
-
+    importing(monkeypatch, ValueError("something else broke"))
     with pytest.raises(ValueError, match="something else"):
-        loading.require_importable_transformers(broken)
-
-    def absent(name):
-        raise ModuleNotFoundError(name)
-
-    loading.require_importable_transformers(absent)  # a release without hub kernels has nothing to clash with
+        loading.require_importable_transformers()
+    importing(monkeypatch, ModuleNotFoundError("transformers.integrations.hub_kernels"))
+    loading.require_importable_transformers()  # a release without hub kernels has nothing to clash with
 
 
 def test_releases_with_the_use_cache_false_bug_warn_and_name_the_issue():
