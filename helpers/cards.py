@@ -105,6 +105,15 @@ def _require_cuda(torch, what: str) -> None:
                                    "Runtime > Change runtime type > T4 GPU; on a CPU the course needs no memory budget.")
 
 
+def require_cuda_gpu(device, what: str):
+    """``device`` as ``require_gpu`` gives it, on a machine that has CUDA: ``what`` measures a GPU's memory."""
+    import torch
+
+    device = require_gpu(device)
+    _require_cuda(torch, what)
+    return device
+
+
 def simulate(card_gb=None, device=0) -> float | None:
     """Cap this process's GPU memory at ``card_gb`` GB (10^9 bytes) so it behaves like that card;
     returns the cap in force (None: no cap). A no-op without CUDA. Call it before loading a model."""

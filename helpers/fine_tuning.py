@@ -72,6 +72,7 @@ def adapter_shapes(model) -> dict:
 
 def adapter_parameters(model, rank: int = RANK) -> int:
     """How many numbers the adapters hold: ``rank x (in + out)`` per wrapped projection."""
+    rank = require_whole_number(rank, "rank")
     return sum(rank * (fan_in + fan_out) for fan_in, fan_out in adapter_shapes(model).values())
 
 

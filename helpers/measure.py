@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from . import cards, placement
-from .errors import InvalidChoiceError, require_bool, require_tokenizer, require_whole_number
+from .errors import InvalidChoiceError, require_bool, require_number, require_tokenizer, require_whole_number
 from .long_context import LongContext
 
 # cuBLAS picks reduction orders run to run unless its workspace is fixed (PyTorch's reproducibility notes)
@@ -182,6 +182,7 @@ def placeholders_emitted(model, greedy_tokens, *, boost: float = 1.125):
     before are unchanged; ``greedy_tokens()`` runs the reference decode. Yields {placeholder id: step}; the rows (tied
     to the input embedding) are restored on exit. Fails in one sentence where no step can be forced."""
     placement.require_model(model)
+    boost = require_number(boost, "boost", minimum=1.0)
     head = model.get_output_embeddings().weight
     placeholders = placeholder_ids(model)
     saved = {token: head.data[token].clone() for token in placeholders}
@@ -231,6 +232,8 @@ def prefill_peak(model, tokenizer, context: int, device, new_tokens: int = 1, se
     ``new_tokens`` - 1 decoded after it), plain or with long-context ``settings``;
     ``{"context", "oom": True, ...}`` when it runs out of memory."""
     placement.require_model(model)
+    device = cards.require_cuda_gpu(device, "prefill_peak")
+    new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
     ids = prompt_ids(tokenizer, context, device)
     torch.cuda.reset_peak_memory_stats(device)
     try:
@@ -266,6 +269,8 @@ def memory_readout(device) -> dict:
 def snapshot_prefill(model, tokenizer, context: int, path, device) -> Path:
     """Record every allocation of one prefill and save it for https://pytorch.org/memory_viz."""
     placement.require_model(model)
+    device = cards.require_cuda_gpu(device, "snapshot_prefill")
+    context = require_whole_number(context, "context", unit="tokens")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.cuda.memory._record_memory_history(max_entries=200_000)
@@ -280,4 +285,5 @@ def snapshot_prefill(model, tokenizer, context: int, path, device) -> Path:
 def fits_context(model, tokenizer, context: int, device, decode_tokens: int = FIT_DECODE_TOKENS,
                  settings: LongContext | None = None) -> bool:
     """Does a prefill of ``context`` tokens plus a few decoded ones run without running out of memory?"""
+    decode_tokens = require_whole_number(decode_tokens, "decode_tokens", unit="tokens")
     return not prefill_peak(model, tokenizer, context, device, new_tokens=decode_tokens, settings=settings).get("oom")

@@ -193,6 +193,19 @@ CASES = [
     ('device_map="auto"', lambda i: loading.load_model("tiny", quant="bf16", device="cpu", device_map="auto"),
      "InvalidChoiceError", "dict"),
     ('offload_ple(model, "cuda") without CUDA', lambda i: placement.offload_ple(i.model, "cuda"), "CudaUnavailableError", "device='cpu'"),
+    ('prefill_peak on the CPU', lambda i: measure.prefill_peak(i.model, loading.load_tokenizer("tiny"), 16, "cpu"),
+     "InvalidChoiceError", "not a GPU"),
+    ('prefill_peak on GPU 0 without CUDA', lambda i: measure.prefill_peak(i.model, loading.load_tokenizer("tiny"), 16, 0),
+     "CudaUnavailableError", "no CUDA GPU"),
+    ('snapshot_prefill on the CPU',
+     lambda i: measure.snapshot_prefill(i.model, loading.load_tokenizer("tiny"), 16, i.root / "s.pickle", "cpu"),
+     "InvalidChoiceError", "not a GPU"),
+    *[(f"fits_context with decode_tokens {value!r}",
+       lambda i, value=value: measure.fits_context(i.model, loading.load_tokenizer("tiny"), 16, "cuda", value),
+       "InvalidChoiceError", "decode_tokens=") for value in (0, -1, 1.5, "8", True)],
+    *[(f"placeholders_emitted with boost {value!r}",
+       lambda i, value=value: measure.placeholders_emitted(i.model, list, boost=value).__enter__(), "InvalidChoiceError", "boost=")
+      for value in (0.5, -1, "2", True, float("nan"))],
     ('offload_ple(model, "tpu")', lambda i: placement.offload_ple(i.model, "tpu"), "InvalidChoiceError", "device='tpu'"),
     ("offload_ple of a string", lambda i: placement.offload_ple("model"), "InvalidChoiceError", "load_model"),
     ("report of None", lambda i: placement.report(None), "InvalidChoiceError", "load_model"),
@@ -303,6 +316,8 @@ CASES += [
        "InvalidChoiceError", "seed=") for seed in (1.5, -1, "0")],
     *[(f"optimizer_for with learning_rate {rate!r}", lambda i, rate=rate: fine_tuning.optimizer_for(i.model, rate),
        "InvalidChoiceError", "small positive number") for rate in ("abc", "1e-3", True, -1e-3, float("inf"))],
+    *[(f"adapter_parameters with rank {rank!r}", lambda i, rank=rank: fine_tuning.adapter_parameters(i.model, rank),
+       "InvalidChoiceError", "rank=") for rank in (0, -1, 1.5, "8", True, float("nan"))],
     # sizes, counts and devices of the planner's and the cards' building blocks
     *[(f"{name} {value!r}", lambda i, call=call, value=value: call(value), "InvalidChoiceError", phrase)
       for name, call, phrase in (
@@ -345,7 +360,8 @@ CASES += [
 ]
 # rows that need the optional llama.cpp packages (gguf writes the truncated file, llama-cpp-python loads)
 LLAMA_CPP_ROWS = {case[0] for case in CASES if "truncated file" in case[0] or case[0].startswith("gguf load of a")}
-CUDA_ONLY_ROWS = {'device_map={"": "cuda:3"} without CUDA', 'offload_ple(model, "cuda") without CUDA'}
+CUDA_ONLY_ROWS = {'device_map={"": "cuda:3"} without CUDA', 'offload_ple(model, "cuda") without CUDA',
+                  "prefill_peak on GPU 0 without CUDA"}
 
 
 def error_class(name: str):
