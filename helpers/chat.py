@@ -33,6 +33,7 @@ from .errors import (
     ReplyInProgressError,
     require_bool,
     require_choice,
+    require_number,
     require_positive_number,
     require_tokenizer,
     require_whole_number,
@@ -552,6 +553,9 @@ class Turn:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> Reply:
+        """The reply, once written; ``timeout`` seconds at most (None: as long as it takes)."""
+        if timeout is not None:
+            timeout = require_number(timeout, "timeout")
         if not self._done.wait(timeout):
             raise ReplyInProgressError(f"The reply is still being written after {timeout} s: press Stop, or wait longer.")
         if self._error is not None:

@@ -15,7 +15,7 @@ from packaging.version import Version
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from helpers import chat, loading, synthetic
-from helpers.errors import ChatMessageError, CourseError
+from helpers.errors import ChatMessageError, CourseError, InvalidChoiceError
 from helpers.paths import CHAT_DIR
 
 QUESTION = "Where does the PLE table live?"
@@ -205,6 +205,14 @@ def test_the_stop_button_ends_generation_long_before_max_new_tokens(tiny_model, 
     reply = turn.wait(timeout=120)
     assert reply.stopped_by == "stop button" and 0 < len(reply.new_ids) < 5000
     assert turn.stop_button.disabled
+
+
+@pytest.mark.parametrize("timeout", [-1, "8", True, float("nan")])
+def test_waiting_for_a_reply_with_a_timeout_that_is_no_time_is_refused_in_one_sentence(tiny_model, processor, timeout):
+    turn = greedy_chat(tiny_model, processor, max_new_tokens=4).ask(QUESTION, display=False)
+    with pytest.raises(InvalidChoiceError, match="timeout="):
+        turn.wait(timeout)
+    assert turn.wait(timeout=120).new_ids  # the control: a real timeout waits for the reply
 
 
 def test_a_stop_token_from_the_generation_config_ends_the_reply_and_is_not_part_of_it(tiny_path, processor):
