@@ -417,13 +417,17 @@ def require_llm(llm):
     return llm
 
 
+def _require_id_list(ids) -> None:
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)) or not ids:
+        raise InvalidChoiceError(f"ids={ids!r:.40} is not a prompt of token ids; pass a non-empty list of ints, "
+                                 f"as gguf_route.tokenize gives.")
+
+
 def require_llama_ids(llm, ids, new_tokens: int = 0) -> list:
     """``ids`` as a list of ints if ``llm`` (what ``load`` returned) can read them and ``new_tokens`` more
     within its context; one sentence otherwise (llama.cpp itself would read an empty or oversized prompt)."""
     require_llm(llm)
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)) or not ids:
-        raise InvalidChoiceError(f"ids={ids!r:.40} is not a prompt of token ids; pass a non-empty list of ints, "
-                                 f"as gguf_route.tokenize gives.")
+    _require_id_list(ids)
     vocabulary = llm.n_vocab()
     for token in ids:
         if isinstance(token, bool) or not isinstance(token, numbers.Integral) or not 0 <= token < vocabulary:
@@ -522,6 +526,8 @@ def compare_logits(llm, model, ids: list) -> dict:
 def measure(path, prompt_ids: list, new_tokens: int = 32, threads: int | None = None) -> dict:
     """The llama.cpp route on this CPU: load time, resident memory after loading and after generating,
     prefill and decode speed from llama.cpp's own timers."""
+    new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
+    _require_id_list(prompt_ids)
     before = rss_bytes()
     started = time.perf_counter()
     llm = load(path, n_ctx=max(512, len(prompt_ids) + new_tokens + 8), threads=threads)

@@ -310,6 +310,10 @@ CASES += [
     ("gguf load with n_ctx 0", lambda i: gguf_route.load(i.gguf("missing"), n_ctx=0), "InvalidChoiceError", "n_ctx=0"),
     ("gguf load with half a thread", lambda i: gguf_route.load(i.gguf("missing"), threads=0.5), "InvalidChoiceError", "threads=0.5"),
     ("gguf generate of a string llm", lambda i: gguf_route.generate("llm", [1, 2]), "InvalidChoiceError", "gguf_route.load"),
+    *[(f"gguf measure with new_tokens {value!r}", lambda i, value=value: gguf_route.measure(i.gguf("missing"), [1, 2], value),
+       "InvalidChoiceError", "new_tokens=") for value in (0, -1, "8", True, 1.5)],
+    ("gguf measure of a prompt that is a number", lambda i: gguf_route.measure(i.gguf("missing"), 7), "InvalidChoiceError",
+     "list of ints"),
     ("gguf logits of a string llm", lambda i: gguf_route.logits("llm", []), "InvalidChoiceError", "gguf_route.load"),
     # fine-tuning
     *[(f"add_adapters with seed {seed!r}", lambda i, seed=seed: fine_tuning.add_adapters(i.model, seed=seed),
