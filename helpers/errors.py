@@ -171,7 +171,8 @@ def require_whole_number(value, what: str, *, minimum: int = 1, maximum: int | N
 def require_number(value, what: str, *, minimum: float = 0.0) -> float:
     """``value`` if it is a finite real number of at least ``minimum`` (a size in bytes, a tolerance, a time)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= minimum):
-        raise InvalidChoiceError(f"{what}={value!r} is not supported; pass a finite number, at least {minimum:g}.")
+        at_least = f", at least {minimum:g}" if math.isfinite(minimum) else ""
+        raise InvalidChoiceError(f"{what}={value!r} is not supported; pass a finite number{at_least}.")
     return value
 
 

@@ -28,6 +28,7 @@ from .errors import (
     is_no_room,
     require_bool,
     require_model,
+    require_number,
     require_whole_number,
 )
 from .host_memory import peak_rss_bytes
@@ -682,6 +683,8 @@ def exact_normal(key: str, count: int, *, start: int = 0, mean: float = 0.0, std
 
     require_whole_number(count, "count", minimum=0)
     require_whole_number(start, "start", minimum=0)
+    require_number(mean, "mean", minimum=-math.inf)
+    require_number(std, "std")
     if dtype not in (torch.bfloat16, torch.float32, torch.float16):
         raise InvalidChoiceError(f"dtype={dtype} is not drawn exactly; use torch.bfloat16, torch.float32 or torch.float16.")
     stream = np.random.PCG64(int.from_bytes(hashlib.sha256(key.encode()).digest()[:16], "little"))
@@ -894,6 +897,7 @@ def write_weights(config, folder: Path, *, seed: int = DEFAULT_SEED, progress: b
     Returns ``({file name: sha256} for the shards, the number of worker processes started, and the
     peak resident bytes of those that made a piece, added up)``: 0 workers where the calling process
     built it alone."""
+    require_whole_number(seed, "seed", minimum=0)
     require_bool(progress, "progress")
     from tqdm.auto import tqdm
 

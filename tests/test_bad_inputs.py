@@ -340,6 +340,12 @@ CASES += [
           ("pattern_batch with seed", lambda v: fine_tuning.pattern_batch(synthetic.gemma4_config("tiny"), 8, seed=v),
            "whole number"))
       for value in (-1, "8", True, float("nan"))],
+    *[(f"exact_normal with {name} {value!r}", lambda i, name=name, value=value: synthetic.exact_normal("k", 4, **{name: value}),
+       "InvalidChoiceError", f"{name}=") for name in ("mean", "std") for value in ("8", True, float("nan"), float("inf"))],
+    ("exact_normal with a negative std", lambda i: synthetic.exact_normal("k", 4, std=-1.0), "InvalidChoiceError", "std=-1.0"),
+    *[(f"write_weights with seed {value!r}",
+       lambda i, value=value: synthetic.write_weights(synthetic.gemma4_config("tiny"), i.root / "w", seed=value, progress=False),
+       "InvalidChoiceError", "seed=") for value in (-1, 1.5, "0", True)],
     # the identity checks' own tools: a prompt length, a step count, the control's row
     *[(f"{name} {value!r}", lambda i, call=call, value=value: call(i, value), "InvalidChoiceError", phrase)
       for name, call, phrase in (
