@@ -99,18 +99,14 @@ def require_gpu(device, what: str = "device"):
     raise InvalidChoiceError(f"{what}={brief(device)} is not a GPU; pass its index (0 for the first) or 'cuda:0'.")
 
 
-def _require_cuda(torch, what: str) -> None:
-    if not torch.cuda.is_available():
-        raise CudaUnavailableError(f"{what} reads a GPU's memory, and this machine has no CUDA GPU: on Colab choose "
-                                   "Runtime > Change runtime type > T4 GPU; on a CPU the course needs no memory budget.")
-
-
 def require_cuda_gpu(device, what: str):
-    """``device`` as ``require_gpu`` gives it, on a machine that has CUDA: ``what`` measures a GPU's memory."""
+    """``device`` as ``require_gpu`` gives it, on a machine that has CUDA: ``what`` reads a GPU's memory."""
     import torch
 
     device = require_gpu(device)
-    _require_cuda(torch, what)
+    if not torch.cuda.is_available():
+        raise CudaUnavailableError(f"{what} reads a GPU's memory, and this machine has no CUDA GPU: on Colab choose "
+                                   "Runtime > Change runtime type > T4 GPU; on a CPU the course needs no memory budget.")
     return device
 
 
@@ -160,8 +156,7 @@ def whole_gpu_memory(device=0) -> tuple:
     simulated: what tells a card's limit apart from a GPU shared with other processes."""
     import torch
 
-    device = require_gpu(device)
-    _require_cuda(torch, "whole_gpu_memory")
+    device = require_cuda_gpu(device, "whole_gpu_memory")
     reading = getattr(torch.cuda.mem_get_info, "whole_gpu", torch.cuda.mem_get_info)
     return reading(device)
 
@@ -210,10 +205,8 @@ def budget_bytes(device) -> int:
 def max_memory(device=0) -> dict:
     """What ``device_map="auto"`` would be given on this card: the GPU's budget and the host's free RAM."""
     import psutil
-    import torch
 
-    require_gpu(device)
-    _require_cuda(torch, "max_memory")
+    require_cuda_gpu(device, "max_memory")
     return {device: budget_bytes(device), "cpu": psutil.virtual_memory().available}
 
 
