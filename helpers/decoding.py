@@ -270,6 +270,10 @@ def pinned_sliding_counters(cache, new_tokens: int = 1):
     """While one decode step runs, show each ``StaticSlidingWindowLayer`` a counter that selects the branch its
     real count selects (``update`` reads it only for ``is_full``; positions come from its tensor counter), so
     the compiled step sees constants; afterwards the real count, advanced by ``new_tokens``."""
+    if not isinstance(getattr(cache, "layers", None), list):
+        raise InvalidChoiceError(f"cache={type(cache).__name__} is not a transformers cache; pass the StaticCache "
+                                 f"the decode runs with (long_context.new_cache(model, 'static', length)).")
+    new_tokens = require_whole_number(new_tokens, "new_tokens", minimum=0, unit="tokens")
     layers = [layer for layer in cache.layers if hasattr(layer, "cumulative_length_int")]
     real = [layer.cumulative_length_int for layer in layers]
     for layer, count in zip(layers, real):
@@ -593,6 +597,7 @@ def loop_host_reads(model, ids: torch.Tensor, settings: Decoder, new_tokens: int
     ``new_tokens`` tokens, the step itself not counted (on a GPU it is a graph replay, which reads nothing on the
     host; on a CPU it runs eagerly), nor the prefill and the masks made before the loop."""
     placement.require_model(model)
+    new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
     live = {"counter": None}
 
     def uncounted(function):

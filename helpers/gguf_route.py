@@ -441,10 +441,9 @@ def require_llama_ids(llm, ids, new_tokens: int = 0) -> list:
 
 def generate(llm, prompt_ids: list, max_tokens: int = 32) -> dict:
     """Greedy tokens after ``prompt_ids``, with llama.cpp's own timers (``llama_perf_context``)."""
-    import llama_cpp
-
     max_tokens = require_whole_number(max_tokens, "max_tokens", unit="tokens")
     prompt_ids = require_llama_ids(llm, prompt_ids, max_tokens)
+    import llama_cpp  # after the checks: an llm from load means llama-cpp-python is there
 
     llm.reset()
     llama_cpp.llama_perf_context_reset(llm.ctx)

@@ -45,7 +45,7 @@ from urllib.parse import unquote
 
 from .checksums import git_blob_sha1, sha256
 from .download import is_hub_id
-from .errors import CourseError
+from .errors import CourseError, require_positive_number
 from .paths import cache_subfolder, venv_python, writable_folder
 
 OLAH_VERSION = "0.5.4"
@@ -257,6 +257,13 @@ def byte_range(value: str | None, size: int) -> tuple | None:
     return start, end
 
 
+def require_port(port, what: str = "port") -> int:
+    """``port`` if it is a TCP port number (``True`` and ``"80"`` are not)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise MirrorError(f"{what}={port!r} is not a TCP port; pass a number from 1024 to 65535, e.g. {DEFAULT_PORT}.")
+    return port
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((LOOPBACK, 0))
@@ -370,7 +377,11 @@ class Front:
                               f"--host {LOOPBACK}, or an address this machine has.") from None
 
     def serve(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
+        """Answer on the bound port, relaying what it does not refuse or send from disk to olah on ``upstream_port``."""
+        if self._socket is None:
+            raise MirrorError("The front holds no port yet; call bind() before serve(), so that a port in use is "
+                              "reported before olah starts.")
+        self.upstream_port = require_port(upstream_port, "upstream_port")
         self._server = ServerThread(self._handle, self._socket, f"mirror-front-{self.port}").start()
 
     def close(self) -> None:
@@ -553,9 +564,7 @@ class Mirror(Service):
         if not isinstance(self.host, str) or (not classroom and not is_loopback(self.host)):
             raise MirrorError(f"host={self.host!r} would expose the mirror beyond this machine; pass classroom=True "
                               f"(python -m helpers.mirror serve --classroom) to serve the room on purpose.")
-        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
-            raise MirrorError(f"port={port!r} is not a TCP port; pass a number from 1024 to 65535, e.g. {DEFAULT_PORT}.")
-        self.port = port or free_port()
+        self.port = free_port() if port is None else require_port(port)
         self.workdir = writable_folder(workdir) if workdir else cache_subfolder("mirror")
         self.mirrors_root = self.workdir / "mirrors"
         self.model_dir = Path(model_dir)
@@ -592,6 +601,8 @@ class Mirror(Service):
                 f"hub token never travels; stop the mirror (Ctrl+C) when the class is over.")
 
     def start(self, timeout: float = 60) -> Mirror:
+        """Bind the front, start olah and wait up to ``timeout`` seconds for it to serve this commit."""
+        require_positive_number(timeout, "timeout")
         self.front.bind()  # first: a port taken by another server is an error, not a success
         try:
             self._start_olah(timeout)

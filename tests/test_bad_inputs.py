@@ -306,7 +306,7 @@ CASES += [
                                   ("truncated", "CorruptCheckpointError", "cut short"))],
     ("gguf metadata of a folder", lambda i: gguf_route.metadata(i.root), "ModelNotFoundError", "is a folder"),
     ("gguf metadata of a number", lambda i: gguf_route.metadata(5), "InvalidChoiceError", "file path"),
-    ("gguf tensor named by a number", lambda i: gguf_route.tensor(i.gguf("truncated"), 3), "InvalidChoiceError", "tensor name"),
+    ("gguf tensor named by a number", lambda i: gguf_route.tensor(i.gguf("missing"), 3), "InvalidChoiceError", "tensor name"),
     ("gguf load with n_ctx 0", lambda i: gguf_route.load(i.gguf("missing"), n_ctx=0), "InvalidChoiceError", "n_ctx=0"),
     ("gguf load with half a thread", lambda i: gguf_route.load(i.gguf("missing"), threads=0.5), "InvalidChoiceError", "threads=0.5"),
     ("gguf generate of a string llm", lambda i: gguf_route.generate("llm", [1, 2]), "InvalidChoiceError", "gguf_route.load"),
@@ -364,10 +364,36 @@ CASES += [
     ("largest_true with a predicate that is no function", lambda i: planner.largest_true(0, 100, 5), "InvalidChoiceError",
      "not a function"),
     ("CARD_GB=True", lambda i: cards.simulate(True), "SimulatedCardError", "number of gigabytes"),
+    # the tuned decode's parts, and the mirror's front and start
+    *[(f"pinned_sliding_counters advancing by {value!r}",
+       lambda i, value=value: decoding.pinned_sliding_counters(long_context.new_cache(i.model, "static", 16), value).__enter__(),
+       "InvalidChoiceError", "new_tokens=") for value in (-1, 1.5, True, "1")],
+    ("pinned_sliding_counters of no cache", lambda i: decoding.pinned_sliding_counters(None).__enter__(),
+     "InvalidChoiceError", "new_cache"),
+    *[(f"loop_host_reads over {value!r} tokens",
+       lambda i, value=value: decoding.loop_host_reads(i.model, i.prompt(), decoding.Decoder(compile=None), value),
+       "InvalidChoiceError", "new_tokens=") for value in (0, -1, 1.5, True, "3")],
+    ("mirror front serving before it holds a port",
+     lambda i: mirror.Front(mirror.LOOPBACK, mirror.free_port(), {REPO}).serve(8091), "MirrorError", "bind()"),
+    *[(f"mirror front relaying to port {value!r}", lambda i, value=value: bound_front_serving(value), "MirrorError",
+       "upstream_port=") for value in (0, 70000, True, "8091")],
+    *[(f"mirror start with timeout {value!r}",
+       lambda i, value=value: mirror.Mirror(i.tiny, REPO, workdir=i.root / "m").start(value), "InvalidChoiceError",
+       "timeout=") for value in (0, -1, "60", float("nan"))],
     # exercises
     ("exercise check with a misspelt context", lambda i: exercises.check("00.1", "x", sorce="tiny"), "InvalidChoiceError",
      "source=MODEL_NAME"),
 ]
+def bound_front_serving(upstream_port):
+    """A front that holds its port, asked to relay to ``upstream_port``; the port is given back either way."""
+    front = mirror.Front(mirror.LOOPBACK, mirror.free_port(), {REPO})
+    front.bind()
+    try:
+        front.serve(upstream_port)
+    finally:
+        front.close()
+
+
 # rows that need the optional llama.cpp packages (gguf writes the truncated file, llama-cpp-python loads)
 LLAMA_CPP_ROWS = {case[0] for case in CASES if "truncated file" in case[0] or case[0].startswith("gguf load of a")}
 CUDA_ONLY_ROWS = {'device_map={"": "cuda:3"} without CUDA', 'offload_ple(model, "cuda") without CUDA',
