@@ -188,3 +188,49 @@ def test_pinning_a_table_without_the_free_ram_to_copy_it_is_refused_in_one_sente
     monkeypatch.setattr(placement, "free_host_bytes", lambda: 10 * placement.PIN_MARGIN_BYTES)  # the control
     if not torch.cuda.is_available():
         assert placement.mapped_view(table, "cuda:0") is None  # past the RAM check; no GPU here to map to
+
+
+def image_prompt(seed: int):
+    """One random picture as Gemma 4's image processor gives it (the PIL backend where torchvision is missing),
+    after BOS and before 16 text tokens, its soft-token placeholders in between."""
+    from PIL import Image
+    from transformers import Gemma4ImageProcessor
+
+    vision = synthetic.gemma4_config("tiny").vision_config
+    processor = Gemma4ImageProcessor(image_seq_length=vision.default_output_length,
+                                     max_soft_tokens=vision.default_output_length, pooling_kernel_size=3,
+                                     do_normalize=False)
+    generator = torch.Generator().manual_seed(seed)
+    picture = Image.fromarray((torch.rand(224, 224, 3, generator=generator) * 255).to(torch.uint8).numpy())
+    pixels = processor(picture, return_tensors="pt")
+    soft_tokens = int(pixels["num_soft_tokens_per_image"][0])
+    ids = torch.cat([torch.tensor([[2]]), torch.full((1, soft_tokens), synthetic.gemma4_config("tiny").image_token_id),
+                     torch.randint(10, 300, (1, 16), generator=torch.Generator().manual_seed(0))], dim=1)
+    return ids, pixels["pixel_values"], pixels["image_position_ids"]
+
+
+def logits_with_image(model, ids, pixel_values, image_position_ids):
+    with torch.no_grad():
+        return model(input_ids=ids, pixel_values=pixel_values.to(model.dtype), image_position_ids=image_position_ids).logits
+
+
+def test_an_image_runs_through_the_towers_in_host_memory_with_the_logits_of_the_towers_in_place(tiny_path):
+    resident = loading.load_model(tiny_path, "bf16", "cpu", device="cpu")
+    waiting = loading.load_model(tiny_path, "bf16", "cpu", device="cpu", towers="cpu")
+    towers = placement.tower_module_names(waiting)
+    assert towers and all(placement.runs_on_cpu(waiting.get_submodule(name)) for name in towers)
+    image = image_prompt(seed=1)
+    reference = logits_with_image(resident, *image)
+    assert torch.equal(logits_with_image(waiting, *image), reference)
+    # what is compared depends on the picture: another one moves the text's logits after it
+    assert not torch.equal(logits_with_image(resident, *image_prompt(seed=2)), reference)
+    # control: one weight of the waiting vision tower one bf16 ulp up must show in the logits
+    weight = waiting.get_submodule("model.vision_tower").patch_embedder.input_proj.weight
+    kept = weight.detach().clone()
+    with torch.no_grad():
+        weight[0].copy_(torch.nextafter(weight[0], torch.full_like(weight[0], float("inf"))))
+    try:
+        assert not torch.equal(logits_with_image(waiting, *image), reference)
+    finally:
+        with torch.no_grad():
+            weight.copy_(kept)
