@@ -7,6 +7,7 @@ the gathered rows to the GPU gives the same numbers bit for bit, at a fraction o
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 import types
@@ -456,11 +457,38 @@ def install_cpu_tower(module, compute_device) -> None:
     def outputs_to_compute_device(_, args, kwargs, output):
         return send_to_device(output, compute_device)
 
-    module.register_forward_pre_hook(inputs_to_cpu, with_kwargs=True)
-    module.register_forward_hook(outputs_to_compute_device, with_kwargs=True)
+    module._tower_hooks = (module.register_forward_pre_hook(inputs_to_cpu, with_kwargs=True),
+                           module.register_forward_hook(outputs_to_compute_device, with_kwargs=True))
     module._tower_compute_device = compute_device
     for part in module.modules():
         part._in_cpu_tower = True
+
+
+@contextlib.contextmanager
+def towers_visiting(model, names=None):
+    """Within the block, the towers that wait in host memory (``towers="cpu"``; ``names``: some of them, e.g. the
+    vision tower and ``embed_vision``) sit on their compute device and run there without hooks; afterwards they go
+    back to host memory and wait again. The other way to meet a picture: copy the tower over once, then run on the
+    GPU; ``tests/gpu/test_towers_gpu.py`` times both."""
+    require_model(model)
+    waiting = [name for name in tower_module_names(model) if runs_on_cpu(model.get_submodule(name))]
+    names = waiting if names is None else list(names)
+    for name in names:
+        if name not in waiting:
+            raise InvalidChoiceError(f"{name!r} is not a tower waiting in host memory; pass some of {waiting} "
+                                     f"(load with towers='cpu').")
+    moved = []
+    try:
+        for name in names:
+            module = model.get_submodule(name)
+            for handle in module._tower_hooks:
+                handle.remove()
+            moved.append(module)
+            module.to(module._tower_compute_device)
+        yield [model.get_submodule(name) for name in names]
+    finally:
+        for module in moved:
+            install_cpu_tower(module, module._tower_compute_device)
 
 
 def runs_on_cpu(module) -> bool:

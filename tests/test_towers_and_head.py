@@ -234,3 +234,22 @@ def test_an_image_runs_through_the_towers_in_host_memory_with_the_logits_of_the_
     finally:
         with torch.no_grad():
             weight.copy_(kept)
+
+
+def test_towers_visiting_their_compute_device_give_the_same_logits_and_wait_in_host_memory_again(tiny_path):
+    waiting = loading.load_model(tiny_path, "bf16", "cpu", device="cpu", towers="cpu")
+    image = image_prompt(seed=1)
+    reference = logits_with_image(waiting, *image)
+    vision = ["model.vision_tower", "model.embed_vision"]
+    with placement.towers_visiting(waiting, vision) as visitors:
+        assert all(not module._forward_pre_hooks and not module._forward_hooks for module in visitors)
+        assert torch.equal(logits_with_image(waiting, *image), reference)
+    with pytest.raises(RuntimeError, match="inside"), placement.towers_visiting(waiting):
+        raise RuntimeError("an error inside the block")
+    for name in placement.tower_module_names(waiting):
+        module = waiting.get_submodule(name)
+        assert placement.runs_on_cpu(module) and len(module._forward_pre_hooks) == 1 and len(module._forward_hooks) == 1
+        assert all(p.device.type == "cpu" for p in module.parameters())
+    assert torch.equal(logits_with_image(waiting, *image), reference)
+    with pytest.raises(InvalidChoiceError, match="not a tower waiting in host memory"):
+        placement.towers_visiting(waiting, ["model.language_model"]).__enter__()
