@@ -441,35 +441,71 @@ def offload_ple(model, compute_device=None, *, release_cached: bool = False):
 
 
 def install_cpu_tower(module, compute_device) -> None:
-    """Keep a tower in host memory and run it there when a picture or a sound arrives: its inputs go to the CPU and
-    its outputs come back to ``compute_device``. accelerate's offload hooks come off first (they would copy the whole
-    tower to the GPU at every call); a text conversation never calls the tower at all."""
+    """Keep a tower in host memory while the conversation is text. When a picture or a sound arrives, the tower
+    visits ``compute_device`` for that call where the card has room: its weights are copied over, run there with the
+    kernels of a resident tower (the same bits), and dropped after, the host copy kept. Where the card has no room,
+    or the tower is being trained, it runs where it waits, on the CPU (other kernels: within rounding). accelerate's
+    offload hooks come off first; a text conversation never calls the tower. ``tests/gpu/test_towers_gpu.py``
+    times both ways."""
     from accelerate.hooks import remove_hook_from_module
     from accelerate.utils import send_to_device
 
     remove_hook_from_module(module, recurse=True)
     module.to("cpu")
     compute_device = torch.device(compute_device)
+    run = getattr(module, "_tower_run", None) or module.forward  # the forward as loaded, whatever wraps it later
 
-    def inputs_to_cpu(_, args, kwargs):
-        return send_to_device(args, "cpu"), send_to_device(kwargs, "cpu")
+    def forward(*args, **kwargs):
+        if _tower_may_visit(module, compute_device):
+            try:
+                with _visiting(module, compute_device):
+                    output = run(*send_to_device(args, compute_device), **send_to_device(kwargs, compute_device))
+                module._tower_last_run = "visit"
+                return output
+            except torch.OutOfMemoryError:  # less room than the budget said: free what the try took, then the CPU
+                torch.cuda.empty_cache()
+        module._tower_last_run = "cpu"
+        return send_to_device(run(*send_to_device(args, "cpu"), **send_to_device(kwargs, "cpu")), compute_device)
 
-    def outputs_to_compute_device(_, args, kwargs, output):
-        return send_to_device(output, compute_device)
-
-    module._tower_hooks = (module.register_forward_pre_hook(inputs_to_cpu, with_kwargs=True),
-                           module.register_forward_hook(outputs_to_compute_device, with_kwargs=True))
-    module._tower_compute_device = compute_device
+    module.forward, module._tower_run = forward, run
+    module._tower_compute_device, module._tower_visits, module._tower_last_run = compute_device, True, None
     for part in module.modules():
-        part._in_cpu_tower = True
+        part._in_cpu_tower = compute_device  # where its tower visits
+
+
+def _tower_may_visit(module, device: torch.device) -> bool:
+    """A visit needs a GPU with room for the tower's weights, and no gradient to keep (a visit's copy is dropped)."""
+    if device.type != "cuda" or not module._tower_visits:
+        return False
+    if torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()):
+        return False
+    from .cards import budget_bytes
+
+    return budget_bytes(device) > sum(t.numel() * t.element_size() for t in _tensors_of(module))
+
+
+def _tensors_of(module) -> list:
+    return [*module.parameters(), *module.buffers()]
 
 
 @contextlib.contextmanager
-def towers_visiting(model, names=None):
+def _visiting(module, device: torch.device):
+    """The module's weights on ``device`` within the block, its host tensors back in place after (even on error)."""
+    kept = [(tensor, tensor.data) for tensor in _tensors_of(module)]
+    try:
+        for tensor, host in kept:
+            tensor.data = host.to(device, copy=True)  # a copy even on the same device: the host's stays as it is
+        yield
+    finally:
+        for tensor, host in kept:
+            tensor.data = host
+
+
+@contextlib.contextmanager
+def towers_stay_in_host_memory(model, names=None):
     """Within the block, the towers that wait in host memory (``towers="cpu"``; ``names``: some of them, e.g. the
-    vision tower and ``embed_vision``) sit on their compute device and run there without hooks; afterwards they go
-    back to host memory and wait again. The other way to meet a picture: copy the tower over once, then run on the
-    GPU; ``tests/gpu/test_towers_gpu.py`` times both."""
+    vision tower and ``embed_vision``) run on the CPU even where the card has room for a visit: the other way to
+    meet a picture, for comparing the two."""
     require_model(model)
     waiting = [name for name in tower_module_names(model) if runs_on_cpu(model.get_submodule(name))]
     names = waiting if names is None else list(names)
@@ -477,18 +513,15 @@ def towers_visiting(model, names=None):
         if name not in waiting:
             raise InvalidChoiceError(f"{name!r} is not a tower waiting in host memory; pass some of {waiting} "
                                      f"(load with towers='cpu').")
-    moved = []
+    modules = [model.get_submodule(name) for name in names]
+    before = [module._tower_visits for module in modules]
     try:
-        for name in names:
-            module = model.get_submodule(name)
-            for handle in module._tower_hooks:
-                handle.remove()
-            moved.append(module)
-            module.to(module._tower_compute_device)
-        yield [model.get_submodule(name) for name in names]
+        for module in modules:
+            module._tower_visits = False
+        yield modules
     finally:
-        for module in moved:
-            install_cpu_tower(module, module._tower_compute_device)
+        for module, visits in zip(modules, before):
+            module._tower_visits = visits
 
 
 def runs_on_cpu(module) -> bool:
@@ -591,8 +624,9 @@ def _where(module, tensor_name: str, tensor: torch.Tensor) -> str:
         return f"cpu (lookup on cpu, rows to {module._ple_compute_device})"
     if getattr(module, "_mapped_to", None) is not None and tensor_name == "weight":
         return f"cpu (pinned: {module._mapped_to} reads the rows it needs in place)"
-    if tensor.device.type == "cpu" and getattr(module, "_in_cpu_tower", False):
-        return "cpu (run there when a picture or sound arrives)"
+    if tensor.device.type == "cpu" and getattr(module, "_in_cpu_tower", None) is not None:
+        return (f"cpu (visits {module._in_cpu_tower} for a picture or sound where the card has room, "
+                f"else runs on the cpu)")
     return str(tensor.device)
 
 

@@ -236,20 +236,46 @@ def test_an_image_runs_through_the_towers_in_host_memory_with_the_logits_of_the_
             weight.copy_(kept)
 
 
-def test_towers_visiting_their_compute_device_give_the_same_logits_and_wait_in_host_memory_again(tiny_path):
+def test_a_tower_kept_in_host_memory_by_choice_gives_the_same_logits_and_visits_again_after(tiny_path):
     waiting = loading.load_model(tiny_path, "bf16", "cpu", device="cpu", towers="cpu")
     image = image_prompt(seed=1)
     reference = logits_with_image(waiting, *image)
     vision = ["model.vision_tower", "model.embed_vision"]
-    with placement.towers_visiting(waiting, vision) as visitors:
-        assert all(not module._forward_pre_hooks and not module._forward_hooks for module in visitors)
+    with placement.towers_stay_in_host_memory(waiting, vision) as kept:
+        assert not any(module._tower_visits for module in kept)
         assert torch.equal(logits_with_image(waiting, *image), reference)
-    with pytest.raises(RuntimeError, match="inside"), placement.towers_visiting(waiting):
+    with pytest.raises(RuntimeError, match="inside"), placement.towers_stay_in_host_memory(waiting):
         raise RuntimeError("an error inside the block")
     for name in placement.tower_module_names(waiting):
         module = waiting.get_submodule(name)
-        assert placement.runs_on_cpu(module) and len(module._forward_pre_hooks) == 1 and len(module._forward_hooks) == 1
+        assert placement.runs_on_cpu(module) and module._tower_visits
         assert all(p.device.type == "cpu" for p in module.parameters())
     assert torch.equal(logits_with_image(waiting, *image), reference)
     with pytest.raises(InvalidChoiceError, match="not a tower waiting in host memory"):
-        placement.towers_visiting(waiting, ["model.language_model"]).__enter__()
+        placement.towers_stay_in_host_memory(waiting, ["model.language_model"]).__enter__()
+
+
+def test_a_tower_visits_only_a_gpu_with_room_for_it_and_never_while_it_is_being_trained(monkeypatch):
+    from helpers import cards
+
+    tower = torch.nn.Linear(64, 64, dtype=torch.bfloat16)
+    placement.install_cpu_tower(tower, "cuda:0")
+    size = sum(p.numel() * p.element_size() for p in tower.parameters())
+    monkeypatch.setattr(cards, "budget_bytes", lambda device: size + 1)
+    with torch.no_grad():
+        assert placement._tower_may_visit(tower, torch.device("cuda:0"))
+    assert not placement._tower_may_visit(tower, torch.device("cuda:0"))  # gradients on: its copy would be lost
+    monkeypatch.setattr(cards, "budget_bytes", lambda device: size - 1)
+    with torch.no_grad():
+        assert not placement._tower_may_visit(tower, torch.device("cuda:0"))  # no room: it runs on the CPU
+        assert not placement._tower_may_visit(tower, torch.device("cpu"))
+
+
+def test_a_visit_puts_the_host_tensors_back_even_when_the_call_fails():
+    tower = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    host = [t.data for t in (*tower.parameters(), *tower.buffers())]
+    with pytest.raises(RuntimeError, match="inside"), placement._visiting(tower, torch.device("cpu")):
+        visiting = [t.data for t in (*tower.parameters(), *tower.buffers())]
+        assert all(t.data_ptr() != kept.data_ptr() and torch.equal(t, kept) for t, kept in zip(visiting, host))
+        raise RuntimeError("an error inside the visit")
+    assert all(t.data_ptr() == kept.data_ptr() for t, kept in zip((*tower.parameters(), *tower.buffers()), host))

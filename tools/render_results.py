@@ -571,6 +571,27 @@ TEXT_ONLY = "text-only-"  # data/gpu-tier/text-only-<model>.json: tests/gpu/test
 FINE_TUNING = "fine-tuning-"  # data/gpu-tier/fine-tuning-<model>-<card>gb.json: tests/gpu/test_fine_tuning_gpu.py
 
 
+TOWERS = "towers-"  # data/gpu-tier/towers-<model>.json: tests/gpu/test_towers_gpu.py
+
+
+def render_towers(model: str, record: dict) -> str:
+    """A picture meeting towers that wait in host memory: a visit to the GPU, the CPU, or towers living there."""
+    runs = [(label, run) for label, run in record.items() if isinstance(run, dict) and "card_gb" in run]
+    lines = [f"**{model}, a picture while the towers wait in host memory** (`GPU_RECORD=1 python -m pytest "
+             f"tests/gpu/test_towers_gpu.py`, {record['gpu']}, {record['date']}): NF4, `towers=\"cpu\"`, one "
+             "448x448 picture through the vision tower and `embed_vision`.", "",
+             "| card | tower (GB) | visit to the GPU | run on the CPU | living on the GPU | visit peak (GB) | "
+             "visit = resident, bit for bit | one-ulp control told apart | CPU vs visit (relative RMS) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for label, run in runs:
+        lines.append(f"| {label} | {gb(run['tower_bytes'])} | {run['visit_s']:.3f} s | {run['host_s']:.3f} s | "
+                     f"{run['resident_s']:.3f} s | {gb(run['visit_peak_bytes'])} | "
+                     f"{'yes' if run['visit_identical_to_resident'] else 'NO'} | "
+                     f"{'yes' if not run['nudged_visit_identical'] else 'NO'} | {run['visit_vs_host_relative_rms']} "
+                     f"(another picture: {run['other_picture_relative_rms']}) |")
+    return "\n".join(lines)
+
+
 def render_text_only(model: str, record: dict) -> str:
     runs = [(label, run) for label, run in record.items() if isinstance(run, dict) and "card_gb" in run]
     lines = [f"**{model}, text only on a small card** (`GPU_RECORD=1 python -m pytest tests/gpu/test_text_only_gpu.py`, "
@@ -700,6 +721,8 @@ def render_blocks() -> dict:
             blocks[path.stem] = render_capture_probe(record)
         elif path.stem.startswith(TEXT_ONLY):
             blocks[path.stem] = render_text_only(path.stem.removeprefix(TEXT_ONLY), record)
+        elif path.stem.startswith(TOWERS):
+            blocks[path.stem] = render_towers(path.stem.removeprefix(TOWERS), record)
         elif path.stem.startswith(TRIM_PROBE):
             blocks[path.stem] = render_trim_probe(path.stem.removeprefix(TRIM_PROBE), record)
         else:
