@@ -574,9 +574,14 @@ FINE_TUNING = "fine-tuning-"  # data/gpu-tier/fine-tuning-<model>-<card>gb.json:
 TOWERS = "towers-"  # data/gpu-tier/towers-<model>.json: tests/gpu/test_towers_gpu.py
 
 
+def card_runs(record: dict) -> list:
+    """A GPU test's record as (label, run) for each card it ran on, beside its environment fields."""
+    return [(label, run) for label, run in record.items() if isinstance(run, dict) and "card_gb" in run]
+
+
 def render_towers(model: str, record: dict) -> str:
     """A picture meeting towers that wait in host memory: a visit to the GPU, the CPU, or towers living there."""
-    runs = [(label, run) for label, run in record.items() if isinstance(run, dict) and "card_gb" in run]
+    runs = card_runs(record)
     lines = [f"**{model}, a picture while the towers wait in host memory** (`GPU_RECORD=1 python -m pytest "
              f"tests/gpu/test_towers_gpu.py`, {record['gpu']}, {record['date']}): NF4, `towers=\"cpu\"`, one "
              "448x448 picture through the vision tower and `embed_vision`.", "",
@@ -593,7 +598,7 @@ def render_towers(model: str, record: dict) -> str:
 
 
 def render_text_only(model: str, record: dict) -> str:
-    runs = [(label, run) for label, run in record.items() if isinstance(run, dict) and "card_gb" in run]
+    runs = card_runs(record)
     lines = [f"**{model}, text only on a small card** (`GPU_RECORD=1 python -m pytest tests/gpu/test_text_only_gpu.py`, "
              f"{record['gpu']}, {record['date']}): NF4, PLE on the CPU, an 8,192-token prompt prefilled in chunks of "
              "1,024, then 256 greedy tokens with the CUDA-graph step.", "",
