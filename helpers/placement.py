@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-from .cards import budget_bytes
+from . import cards
 from .errors import (
     CudaUnavailableError,
     DeviceMapKeyError,
@@ -480,7 +480,7 @@ def _tower_may_visit(module, device: torch.device) -> bool:
         return False
     if torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()):
         return False
-    return budget_bytes(device) > sum(t.numel() * t.element_size() for t in _tensors_of(module))
+    return cards.budget_bytes(device) > sum(t.numel() * t.element_size() for t in _tensors_of(module))
 
 
 def _tensors_of(module) -> list:
