@@ -236,6 +236,48 @@ def test_an_image_runs_through_the_towers_in_host_memory_with_the_logits_of_the_
             weight.copy_(kept)
 
 
+def audio_prompt(seed: int):
+    """One second of random sound as Gemma 4's audio feature extractor gives it (128 mel bins, 16 kHz), after BOS
+    and before 16 text tokens, one audio soft-token placeholder per frame left after the tower's two stride-2 convs."""
+    from transformers import Gemma4AudioFeatureExtractor
+
+    wave = (torch.rand(16_000, generator=torch.Generator().manual_seed(seed)) * 0.6 - 0.3).numpy()
+    found = Gemma4AudioFeatureExtractor()([wave], sampling_rate=16_000, return_tensors="pt")
+    frames = found["input_features_mask"][0]
+    for _ in range(2):  # the placeholders the processor writes: what survives two stride-2 convolutions
+        frames = frames[::2][:(len(frames) - 1) // 2 + 1]
+    ids = torch.cat([torch.tensor([[2]]), torch.full((1, int(frames.sum())), synthetic.gemma4_config("tiny").audio_token_id),
+                     torch.randint(10, 300, (1, 16), generator=torch.Generator().manual_seed(0))], dim=1)
+    return ids, found["input_features"], found["input_features_mask"]
+
+
+def logits_with_audio(model, ids, input_features, input_features_mask):
+    with torch.no_grad():
+        return model(input_ids=ids, input_features=input_features.to(model.dtype),
+                     input_features_mask=input_features_mask).logits
+
+
+def test_a_sound_runs_through_the_audio_tower_in_host_memory_with_the_logits_of_the_tower_in_place(tiny_path):
+    resident = loading.load_model(tiny_path, "bf16", "cpu", device="cpu")
+    waiting = loading.load_model(tiny_path, "bf16", "cpu", device="cpu", towers="cpu")
+    assert placement.runs_on_cpu(waiting.get_submodule("model.audio_tower"))
+    sound = audio_prompt(seed=1)
+    reference = logits_with_audio(resident, *sound)
+    assert torch.equal(logits_with_audio(waiting, *sound), reference)
+    # what is compared depends on the sound: another one moves the text's logits after it
+    assert not torch.equal(logits_with_audio(resident, *audio_prompt(seed=2)), reference)
+    # control: one weight of the waiting audio tower one bf16 ulp up must show in the logits
+    weight = waiting.get_submodule("model.audio_tower").subsample_conv_projection.input_proj_linear.weight
+    kept = weight.detach().clone()
+    with torch.no_grad():
+        weight[0].copy_(torch.nextafter(weight[0], torch.full_like(weight[0], float("inf"))))
+    try:
+        assert not torch.equal(logits_with_audio(waiting, *sound), reference)
+    finally:
+        with torch.no_grad():
+            weight.copy_(kept)
+
+
 def test_a_tower_kept_in_host_memory_by_choice_gives_the_same_logits_and_visits_again_after(tiny_path):
     waiting = loading.load_model(tiny_path, "bf16", "cpu", device="cpu", towers="cpu")
     image = image_prompt(seed=1)

@@ -36,5 +36,7 @@ vc = t["vision_config"]
 vc.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
           head_dim=32, global_head_dim=32, position_embedding_size=256, default_output_length=70)
 ac = t["audio_config"]
-ac.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, output_proj_dims=64, subsampling_conv_channels=[8, 4])
+# the first conv as wide as the 128 mel bins, as in E4B: transformers sizes the audio input projection as
+# channels[0] // 4 * channels[1], which matches what the convs give real features only then
+ac.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, output_proj_dims=64, subsampling_conv_channels=[128, 4])
 (CONFIG_DIR / "tiny.config.json").write_text(json.dumps(t, indent=2) + "\n")
