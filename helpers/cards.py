@@ -190,8 +190,8 @@ def cap_in_force(device=0) -> float | None:
 
 
 def budget_bytes(device) -> int:
-    """Bytes this process may still allocate on ``device``: the free memory, and under a simulated
-    card what the cap leaves after what PyTorch already reserved."""
+    """Bytes this process may still allocate on ``device``: what the GPU has free (under a simulated card, what the
+    cap leaves after what PyTorch reserved), and the free blocks PyTorch's cache holds, which it hands out again."""
     import torch
 
     device = require_gpu(device)
@@ -199,7 +199,7 @@ def budget_bytes(device) -> int:
     fraction = _memory_fraction(torch, _device_index(torch, device))
     if fraction < 1.0:
         free = min(free, int(fraction * total) - torch.cuda.memory_reserved(device))
-    return free
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
 def max_memory(device=0) -> dict:

@@ -50,3 +50,25 @@ def test_simulating_twice_does_not_wrap_the_reading_twice():
     first = torch.cuda.mem_get_info
     cards.report_the_card_as_free_memory(torch)
     assert torch.cuda.mem_get_info is first
+
+
+def on_a_capped_gpu(monkeypatch, *, cap: int, reserved: int, allocated: int, free: int = H200 - GB):
+    """torch.cuda as a capped H200 would answer it, PyTorch's cache holding ``reserved - allocated`` free bytes."""
+    import torch
+
+    for name, value in {"is_available": lambda: True, "mem_get_info": lambda device=None: (free, H200),
+                        "get_per_process_memory_fraction": lambda index: cap / H200,
+                        "memory_reserved": lambda device=None: reserved,
+                        "memory_allocated": lambda device=None: allocated}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_the_budget_counts_the_free_blocks_pytorchs_cache_holds_not_only_the_memory_it_never_reserved(monkeypatch):
+    # an 8 GB card after a long prefill: 7 GB reserved, 3 GB of it in use. A tower of 2 GB has room (the cache hands
+    # its free blocks out again); counting only the unreserved 1 GB kept a picture's tower off the GPU
+    on_a_capped_gpu(monkeypatch, cap=8 * GB, reserved=7 * GB, allocated=3 * GB)
+    assert cards.budget_bytes(0) == 5 * GB
+    on_a_capped_gpu(monkeypatch, cap=8 * GB, reserved=3 * GB, allocated=3 * GB)  # an empty cache: only what is unreserved
+    assert cards.budget_bytes(0) == 5 * GB
+    on_a_capped_gpu(monkeypatch, cap=8 * GB, reserved=7 * GB, allocated=3 * GB, free=GB // 2)  # another process holds the GPU
+    assert cards.budget_bytes(0) == GB // 2 + 4 * GB

@@ -580,20 +580,25 @@ def card_runs(record: dict) -> list:
 
 
 def render_towers(model: str, record: dict) -> str:
-    """A picture meeting towers that wait in host memory: a visit to the GPU, the CPU, or towers living there."""
-    runs = card_runs(record)
-    lines = [f"**{model}, a picture while the towers wait in host memory** (`GPU_RECORD=1 python -m pytest "
+    """A picture and a sound meeting towers that wait in host memory: a visit to the GPU, the CPU, or towers living
+    there."""
+    lines = [f"**{model}, a picture and a sound while the towers wait in host memory** (`GPU_RECORD=1 python -m pytest "
              f"tests/gpu/test_towers_gpu.py`, {record['gpu']}, {record['date']}): NF4, `towers=\"cpu\"`, one "
-             "448x448 picture through the vision tower and `embed_vision`.", "",
-             "| card | tower (GB) | visit to the GPU | run on the CPU | living on the GPU | visit peak (GB) | "
+             "448x448 picture through the vision tower and `embed_vision`, ten seconds of sound through the audio "
+             "tower and `embed_audio`.", "",
+             "| card | input | tower (GB) | visit to the GPU | run on the CPU | living on the GPU | visit peak (GB) | "
              "visit = resident, bit for bit | one-ulp control told apart | CPU vs visit (relative RMS) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for label, run in runs:
-        lines.append(f"| {label} | {gb(run['tower_bytes'])} | {run['visit_s']:.3f} s | {run['host_s']:.3f} s | "
-                     f"{run['resident_s']:.3f} s | {gb(run['visit_peak_bytes'])} | "
-                     f"{'yes' if run['visit_identical_to_resident'] else 'NO'} | "
-                     f"{'yes' if not run['nudged_visit_identical'] else 'NO'} | {run['visit_vs_host_relative_rms']} "
-                     f"(another picture: {run['other_picture_relative_rms']}) |")
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, run in card_runs(record):
+        for kind in ("picture", "sound"):
+            found = run[kind]
+            visited = set(found["ran"].values()) == {"visit"}
+            visit = f"{found['visit_s']:.3f} s" if visited else "no room: ran on the CPU"
+            same = "-" if not visited else "yes" if found["visit_identical_to_resident"] else "NO"
+            lines.append(f"| {label} | {kind} | {gb(found['tower_bytes'])} | {visit} | {found['host_s']:.3f} s | "
+                         f"{found['resident_s']:.3f} s | {gb(found['visit_peak_bytes'])} | {same} | "
+                         f"{'yes' if not found['nudged_visit_identical'] else 'NO'} | "
+                         f"{found['visit_vs_host_relative_rms']} (another {kind}: {found['other_input_relative_rms']}) |")
     return "\n".join(lines)
 
 
