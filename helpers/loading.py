@@ -165,6 +165,10 @@ def will_load(source: Source = None, quant: Quant = "nf4", ple: Placement = "cpu
 def check_fits(estimate: WeightEstimate, device: torch.device, quant: Quant, ple: Placement, towers: str = "gpu",
                head: str = "tied") -> None:
     verdict = load_verdict(estimate, device, quant, ple, towers, head)
+    if not verdict.loads and device.type == "cuda":
+        # a model deleted in a cycle is freed only by the garbage collector: what it holds is free for this load
+        release_gpu(warn=False)
+        verdict = load_verdict(estimate, device, quant, ple, towers, head)
     if not verdict.loads:
         raise InsufficientGPUMemoryError(str(verdict))
 

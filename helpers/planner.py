@@ -29,6 +29,7 @@ and a context length, before anything is loaded; and whether that fits a learner
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import math
 import sys
@@ -1021,7 +1022,10 @@ def _gpu_budget(device, card_gb) -> float | None:
     if device is None:
         device = 0 if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
-    return None if device.type != "cuda" else float(budget_bytes(device))
+    if device.type != "cuda":
+        return None
+    gc.collect()  # a model deleted in a cycle holds its memory until the garbage collector frees it
+    return float(budget_bytes(device))
 
 
 def _host_need(model: str, quant: str, ple: str, on_gpu: bool) -> int:

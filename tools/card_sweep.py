@@ -1,9 +1,10 @@
 """The notebooks on every card size a learner brings, in parts that each fit one 10-minute call on an H200.
 
-Every size of ``helpers.cards.CARD_SIZES_GB`` (4 GB up) and the whole GPU, for e4b-shape and e2b-shape: a part is a
-few cards of one shape, run side by side by ``make test-gpu-cards`` (each card's notebooks in four groups, every
-kernel capped with CARD_GB) and recorded into data/gpu-tier/notebooks-<shape>.json, which the README renders as a
-card x notebook table.
+Every size of ``helpers.cards.CARD_SIZES_GB`` (4 GB up) and the whole GPU, for e4b-shape and e2b-shape, then each
+shape's edge cards: the sizes between those at which the planner first runs a new model or setup for some step, the
+tightest card each choice is made on. A part is a few cards of one shape, run side by side by ``make test-gpu-cards``
+(each card's notebooks in four groups, every kernel capped with CARD_GB) and recorded into
+data/gpu-tier/notebooks-<shape>.json, which the README renders as a card x notebook table.
 
     python tools/card_sweep.py --list      # the parts, one line each
     python tools/card_sweep.py --todo      # the parts whose record is missing a notebook, stale or failing
@@ -13,6 +14,7 @@ card x notebook table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
+from helpers import planner  # noqa: E402
 from helpers.cards import CARD_SIZES_GB  # noqa: E402
 from helpers.paths import GPU_TIER_DIR, NOTEBOOKS_DIR  # noqa: E402
 from tools.record_nbval import card_label, code_hash  # noqa: E402
@@ -30,10 +33,48 @@ SHAPES = ("e4b-shape", "e2b-shape")
 CARDS_PER_PART = 2
 
 
+# how finely the planner's verdicts are scanned for the sizes at which they turn (first every COARSE_STEPS of them, then
+# by bisection where the choice changed), and the host memory assumed: the GPU box's never limits a step there
+EDGE_STEP_GB = 0.05
+COARSE_STEPS = 5
+PLENTY_OF_RAM = 64e9
+
+
+@functools.cache
+def edge_cards(shape: str) -> tuple:
+    """The card sizes, from the smallest learner's card to the largest, at which the planner first runs a model or setup
+    it did not run on the size just below for some step, other than the learners' sizes: where a planner that promised
+    a little too much would fail first. Notebook 03 failed so on 4.5 GB while 4 and 6 GB passed."""
+    low, high = (round(gb / EDGE_STEP_GB) for gb in (min(CARD_SIZES_GB), max(CARD_SIZES_GB)))
+    edges = set()
+    for step in planner.STEPS:
+        @functools.cache
+        def made(index: int, step=step):
+            choice = planner.choose(step, shape, card_gb=round(index * EDGE_STEP_GB, 2), ram_bytes=PLENTY_OF_RAM)
+            return (choice.model, choice.setup) if choice else None
+
+        coarse = [*range(low, high, COARSE_STEPS), high]
+        for below, above in zip(coarse, coarse[1:]):
+            while made(below) != made(above):  # the first size in (below, above] whose choice differs, by bisection
+                first, last = below + 1, above
+                while first < last:
+                    middle = (first + last) // 2
+                    first, last = (first, middle) if made(middle) != made(below) else (middle + 1, last)
+                if made(first) is not None:
+                    edges.add(round(first * EDGE_STEP_GB, 2))
+                below = first
+    return tuple(f"{gb:g}" for gb in sorted(edges - set(CARD_SIZES_GB)))
+
+
 def parts() -> list:
-    """(shape, cards) per part, in the order they run: every card size and "uncapped", for each shape."""
-    cards = [f"{gb:g}" for gb in CARD_SIZES_GB] + ["uncapped"]
-    return [(shape, tuple(cards[i:i + CARDS_PER_PART])) for shape in SHAPES for i in range(0, len(cards), CARDS_PER_PART)]
+    """(shape, cards) per part, in the order they run: every card size and "uncapped" for each shape, then each
+    shape's edge cards."""
+    found = []
+    for cards in ([f"{gb:g}" for gb in CARD_SIZES_GB] + ["uncapped"], None):
+        for shape in SHAPES:
+            sizes = cards or list(edge_cards(shape))
+            found += [(shape, tuple(sizes[i:i + CARDS_PER_PART])) for i in range(0, len(sizes), CARDS_PER_PART)]
+    return found
 
 
 def unfinished(shape: str, cards: tuple, folder: Path = GPU_TIER_DIR, notebooks: Path = NOTEBOOKS_DIR) -> list:
