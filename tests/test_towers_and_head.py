@@ -214,28 +214,6 @@ def logits_with_image(model, ids, pixel_values, image_position_ids):
         return model(input_ids=ids, pixel_values=pixel_values.to(model.dtype), image_position_ids=image_position_ids).logits
 
 
-def test_an_image_runs_through_the_towers_in_host_memory_with_the_logits_of_the_towers_in_place(tiny_path):
-    resident = loading.load_model(tiny_path, "bf16", "cpu", device="cpu")
-    waiting = loading.load_model(tiny_path, "bf16", "cpu", device="cpu", towers="cpu")
-    towers = placement.tower_module_names(waiting)
-    assert towers and all(placement.runs_on_cpu(waiting.get_submodule(name)) for name in towers)
-    image = image_prompt(seed=1)
-    reference = logits_with_image(resident, *image)
-    assert torch.equal(logits_with_image(waiting, *image), reference)
-    # what is compared depends on the picture: another one moves the text's logits after it
-    assert not torch.equal(logits_with_image(resident, *image_prompt(seed=2)), reference)
-    # control: one weight of the waiting vision tower one bf16 ulp up must show in the logits
-    weight = waiting.get_submodule("model.vision_tower").patch_embedder.input_proj.weight
-    kept = weight.detach().clone()
-    with torch.no_grad():
-        weight[0].copy_(torch.nextafter(weight[0], torch.full_like(weight[0], float("inf"))))
-    try:
-        assert not torch.equal(logits_with_image(waiting, *image), reference)
-    finally:
-        with torch.no_grad():
-            weight.copy_(kept)
-
-
 def audio_prompt(seed: int):
     """One second of random sound as Gemma 4's audio feature extractor gives it (128 mel bins, 16 kHz), after BOS
     and before 16 text tokens, one audio soft-token placeholder per frame left after the tower's two stride-2 convs."""
@@ -257,22 +235,31 @@ def logits_with_audio(model, ids, input_features, input_features_mask):
                      input_features_mask=input_features_mask).logits
 
 
-def test_a_sound_runs_through_the_audio_tower_in_host_memory_with_the_logits_of_the_tower_in_place(tiny_path):
+# each input: how it is made, how the model reads it, its tower, and a weight of the tower every such input reads
+INPUTS = {"image": (image_prompt, logits_with_image, "model.vision_tower", "patch_embedder.input_proj.weight"),
+          "sound": (audio_prompt, logits_with_audio, "model.audio_tower", "subsample_conv_projection.input_proj_linear.weight")}
+
+
+@pytest.mark.parametrize("kind", INPUTS)
+def test_an_image_or_a_sound_runs_through_the_towers_in_host_memory_with_the_logits_of_the_towers_in_place(tiny_path,
+                                                                                                            kind):
+    make, logits_with, tower, nudged = INPUTS[kind]
     resident = loading.load_model(tiny_path, "bf16", "cpu", device="cpu")
     waiting = loading.load_model(tiny_path, "bf16", "cpu", device="cpu", towers="cpu")
-    assert placement.runs_on_cpu(waiting.get_submodule("model.audio_tower"))
-    sound = audio_prompt(seed=1)
-    reference = logits_with_audio(resident, *sound)
-    assert torch.equal(logits_with_audio(waiting, *sound), reference)
-    # what is compared depends on the sound: another one moves the text's logits after it
-    assert not torch.equal(logits_with_audio(resident, *audio_prompt(seed=2)), reference)
-    # control: one weight of the waiting audio tower one bf16 ulp up must show in the logits
-    weight = waiting.get_submodule("model.audio_tower").subsample_conv_projection.input_proj_linear.weight
+    towers = placement.tower_module_names(waiting)
+    assert tower in towers and all(placement.runs_on_cpu(waiting.get_submodule(name)) for name in towers)
+    given = make(seed=1)
+    reference = logits_with(resident, *given)
+    assert torch.equal(logits_with(waiting, *given), reference)
+    # what is compared depends on the input: another one moves the text's logits after it
+    assert not torch.equal(logits_with(resident, *make(seed=2)), reference)
+    # control: one weight of the waiting tower one bf16 ulp up must show in the logits
+    weight = waiting.get_submodule(tower).get_parameter(nudged)
     kept = weight.detach().clone()
     with torch.no_grad():
         weight[0].copy_(torch.nextafter(weight[0], torch.full_like(weight[0], float("inf"))))
     try:
-        assert not torch.equal(logits_with_audio(waiting, *sound), reference)
+        assert not torch.equal(logits_with(waiting, *given), reference)
     finally:
         with torch.no_grad():
             weight.copy_(kept)
