@@ -150,8 +150,8 @@ test-gpu-cards:
 				$(MAKE) --no-print-directory test-gpu-notebooks & pids="$$pids $$!"; done; done; \
 	status=0; for pid in $$pids; do wait $$pid || status=1; done; exit $$status
 
-## make test-gpu-sweep SWEEP_PART=k: part k of the notebooks on every card size from 4 GB up and the whole GPU, both
-## shapes, a few cards per part so that each fits one 10-minute call (python tools/card_sweep.py --list names them)
+## make test-gpu-sweep SWEEP_PART=k: part k of the notebooks on every card size from 4 GB up, the whole GPU and the
+## planner's edge cards, both shapes, a few cards per part so that each fits one 10-minute call (python tools/card_sweep.py --list names them)
 SWEEP_PART ?=
 test-gpu-sweep:
 	$(PYTHON_GPU) tools/card_sweep.py $(SWEEP_PART)
