@@ -25,7 +25,15 @@ from urllib.parse import urlsplit
 
 from . import checksums
 from .checksums import git_blob_sha1, sha256  # noqa: F401 - the names notebooks and the mirror use
-from .errors import CourseError, DiskFullError, InvalidChoiceError, ModelNotFoundError, require_bool, require_whole_number
+from .errors import (
+    CourseError,
+    DiskFullError,
+    InvalidChoiceError,
+    ModelNotFoundError,
+    require_bool,
+    require_number,
+    require_whole_number,
+)
 from .paths import cache_dir, writable_folder
 
 REAL_MODEL = "google/gemma-4-E4B-it"
@@ -203,9 +211,8 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
     require_hub_id(repo_id)
     local_dir = download_folder(local_dir)
     require_whole_number(max_attempts, "max_attempts", minimum=1)
-    for value, what in ((first_wait_s, "first_wait_s"), (max_wait_s, "max_wait_s")):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise InvalidChoiceError(f"{what}={value!r} is not supported; pass a number of seconds, 0 or more.")
+    require_number(first_wait_s, "first_wait_s")  # seconds, 0 or more: a NaN wait reached time.sleep bare
+    require_number(max_wait_s, "max_wait_s")
     if endpoint is not None:
         endpoint = require_endpoint(endpoint)
     if constants.HF_HUB_OFFLINE:
