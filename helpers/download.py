@@ -211,7 +211,7 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
     require_hub_id(repo_id)
     local_dir = download_folder(local_dir)
     require_whole_number(max_attempts, "max_attempts", minimum=1)
-    require_number(first_wait_s, "first_wait_s")  # seconds, 0 or more: a NaN wait reached time.sleep bare
+    require_number(first_wait_s, "first_wait_s")  # finite seconds, 0 or more: time.sleep takes no NaN
     require_number(max_wait_s, "max_wait_s")
     if endpoint is not None:
         endpoint = require_endpoint(endpoint)

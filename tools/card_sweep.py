@@ -69,12 +69,12 @@ def edge_cards(shape: str) -> tuple:
 def parts() -> list:
     """(shape, cards) per part, in the order they run: every card size and "uncapped" for each shape, then each
     shape's edge cards."""
-    found = []
-    for cards in ([f"{gb:g}" for gb in CARD_SIZES_GB] + ["uncapped"], None):
-        for shape in SHAPES:
-            sizes = cards or list(edge_cards(shape))
-            found += [(shape, tuple(sizes[i:i + CARDS_PER_PART])) for i in range(0, len(sizes), CARDS_PER_PART)]
-    return found
+    def split(shape: str, sizes) -> list:
+        return [(shape, tuple(sizes[i:i + CARDS_PER_PART])) for i in range(0, len(sizes), CARDS_PER_PART)]
+
+    named = [f"{gb:g}" for gb in CARD_SIZES_GB] + ["uncapped"]
+    return ([part for shape in SHAPES for part in split(shape, named)]
+            + [part for shape in SHAPES for part in split(shape, edge_cards(shape))])
 
 
 def unfinished(shape: str, cards: tuple, folder: Path = GPU_TIER_DIR, notebooks: Path = NOTEBOOKS_DIR) -> list:

@@ -590,8 +590,9 @@ def render_towers(model: str, record: dict) -> str:
              "visit = resident, bit for bit | one-ulp control told apart | CPU vs visit (relative RMS) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for label, run in card_runs(record):
-        for kind in ("picture", "sound"):
-            found = run[kind]
+        for kind, found in run.items():
+            if not isinstance(found, dict):  # the card's own fields; each input measured is a dict
+                continue
             visited = set(found["ran"].values()) == {"visit"}
             visit = f"{found['visit_s']:.3f} s" if visited else "no room: ran on the CPU"
             same = "-" if not visited else "yes" if found["visit_identical_to_resident"] else "NO"
