@@ -125,6 +125,20 @@ def test_a_failed_notebook_cell_on_a_card_is_named_under_the_table_with_its_exce
     assert tool.failed_cells("m", "15 GB") == []
 
 
+def test_a_failure_from_an_old_junit_file_is_not_named_under_a_notebook_that_now_passes(tmp_path, monkeypatch):
+    tool = _tool("render_results")
+    monkeypatch.setattr(tool, "GPU_TIER_DIR", tmp_path)
+    (tmp_path / "notebooks-m-4-diag.nbval.xml").write_text(
+        '<testsuites><testsuite><testcase classname="notebooks.08_llama_cpp.ipynb" name="Cell 4">'
+        '<failure>NameError: name converted is not defined</failure></testcase></testsuite></testsuites>')
+    entry = {"passed": 19, "failed": 0, "seconds": 1.0, "gpu": "G", "date": "d", "command": "c",
+             "versions": {"transformers": "t", "bitsandbytes": "b"}, "code_sha": None}
+    passing = {"model": "m", "cards": {"4 GB": {"08_llama_cpp.ipynb": {**entry, "result": "pass"}}}}
+    failing = {"model": "m", "cards": {"4 GB": {"08_llama_cpp.ipynb": {**entry, "failed": 1, "result": "fail"}}}}
+    assert "Cells that failed" not in tool.render_notebooks(passing)
+    assert "cell 4: `NameError: name converted is not defined`" in tool.render_notebooks(failing)  # the control
+
+
 def test_a_record_that_cannot_be_written_whole_leaves_the_previous_file_and_no_partial_one(tmp_path, monkeypatch):
     from helpers import paths
     from lab import records

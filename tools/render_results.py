@@ -136,7 +136,9 @@ def render_notebooks(record: dict) -> str:
         lines += [f"*stale* ({stale} of {len(entries)}): the notebook's code has changed since that run, or the run is older "
                   "than the stamp that tells; `python tools/card_sweep.py --todo` names the parts to rerun.", ""]
     lines += [f"On {gpu}, {date}, transformers {tf}, bitsandbytes {bnb}: `{command}`." for gpu, date, tf, bnb, command in runs]
-    failed = [f"- {label}, `{name}` {cell}: `{why}`" for label in labels for name, cell, why in failed_cells(record["model"], label)]
+    # a JUnit file outlives its run: name only the cells of notebooks whose entry in force failed on that card
+    failed = [f"- {label}, `{name}` {cell}: `{why}`" for label in labels for name, cell, why in failed_cells(record["model"], label)
+              if cards[label].get(name, {}).get("result") == "fail"]
     if failed:
         lines += ["", "Cells that failed, from the JUnit files kept beside the record:", *failed]
     return "\n".join(lines)
