@@ -120,12 +120,13 @@ test-gpu:
 test-gpu-tier:
 	PYTHONPATH=$(CURDIR):$$PYTHONPATH GPU_RECORD=$${GPU_RECORD:-0} $(PYTHON_GPU) -m pytest tests -m gpu -v -ra
 
-## nbval over every notebook under one card's memory (CARD_GB=8; empty: the whole GPU)
+## nbval over every notebook under one card's memory (CARD_GB=8; empty: the whole GPU); a kernel may take minutes to
+## start where eight start at once on a cold box (nbval's own wait, 60 s, once failed a whole notebook)
 test-gpu-notebooks:
 	mkdir -p build
 	junit=build/nbval-gpu-$${CARD_GB:-uncapped}$${GPU_GROUP}.xml; \
 	PYTHONPATH=$(CURDIR):$$PYTHONPATH GEMMA_MODEL=$${GEMMA_MODEL:-e4b-shape} $(PYTHON_GPU) -m pytest --nbval-lax --nbval-cell-timeout=600 \
-		--nbval-current-env -p no:cacheprovider -v --junitxml=$$junit $(GPU_NOTEBOOKS) > $$junit.log 2>&1; status=$$?; \
+		--nbval-kernel-startup-timeout=300 --nbval-current-env -p no:cacheprovider -v --junitxml=$$junit $(GPU_NOTEBOOKS) > $$junit.log 2>&1; status=$$?; \
 	tail -5 $$junit.log; \
 	if [ "$${GPU_RECORD:-0}" = 1 ]; then PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON_GPU) tools/record_nbval.py $$junit \
 		$${NBVAL_COMMAND:+--command "$$NBVAL_COMMAND"}; fi; \
