@@ -528,7 +528,8 @@ class Turn:
     def __init__(self, chat: Chat, messages: list, prompt: Prompt, max_new_tokens: int):
         import ipywidgets as widgets
 
-        self.chat, self.messages, self.prompt, self.max_new_tokens = chat, messages, prompt, max_new_tokens
+        self.chat, self.messages, self.prompt = chat, messages, prompt
+        self.max_new_tokens = _check_new_tokens(max_new_tokens)
         self.signal = StopSignal()
         self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning")
         self.stop_button.on_click(lambda _: self.stop())

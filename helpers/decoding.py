@@ -699,7 +699,8 @@ DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace categories of 
 
 
 def decode_range(forwards: int) -> str:
-    return f"{DECODE_RANGE}{forwards}"
+    """The profiler range around a decode loop of ``forwards`` model calls (what the profile summary reads)."""
+    return f"{DECODE_RANGE}{require_whole_number(forwards, 'forwards', minimum=0)}"
 
 
 @dataclass

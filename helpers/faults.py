@@ -33,8 +33,8 @@ from collections import Counter, defaultdict
 from urllib.parse import urlsplit
 
 from .download import require_endpoint
-from .errors import require_choice
-from .mirror import LOOPBACK, ServerThread, Service, free_port, parse_request_head
+from .errors import require_choice, require_number, require_whole_number
+from .mirror import LOOPBACK, ServerThread, Service, free_port, parse_request_head, require_port
 
 BODY_FAULTS = ("drop", "stall", "flip", "truncate")
 HEAD_FAULTS = ("zero_length", "wrong_length")
@@ -55,8 +55,9 @@ class FaultyProxy(Service):
         parts = urlsplit(require_endpoint(upstream, "upstream"))
         self.upstream_host, self.upstream_port = parts.hostname, parts.port or 80
         self.plan = list(plan)
-        self.drop_after_bytes, self.stall_s = drop_after_bytes, stall_s
-        self.port = port or free_port()
+        self.drop_after_bytes = require_whole_number(drop_after_bytes, "drop_after_bytes", minimum=0, unit="bytes")
+        self.stall_s = require_number(stall_s, "stall_s")
+        self.port = free_port() if port is None else require_port(port)
         self.injected: Counter = Counter()
         self.requests: list = []  # (method, path, header names in lower case)
         self.body_bytes: dict = defaultdict(int)       # path -> body bytes sent to the client

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from . import loading, placement
-from .errors import InvalidChoiceError, require_bool, require_positive_number, require_whole_number
+from .errors import InvalidChoiceError, require_bool, require_number, require_positive_number, require_whole_number
 
 # The attention and MLP projections of the text decoder. The towers' projections carry the same names
 # but are Gemma4ClippableLinear wrappers, which peft refuses as LoRA targets; the tables are lookups.
@@ -59,6 +59,9 @@ def lora_config(rank: int = RANK, alpha: int = ALPHA, dropout: float = 0.0):
 
     rank = require_whole_number(rank, "rank")
     require_positive_number(alpha, "alpha")
+    if require_number(dropout, "dropout") >= 1:
+        raise InvalidChoiceError(f"dropout={dropout!r} would drop every input of the adapters; pass a fraction below 1, "
+                                 f"such as 0.05 (or 0 for none).")
     return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=TARGET_PATTERN,
                       bias="none", task_type="CAUSAL_LM")
 
@@ -168,16 +171,20 @@ def trainable(model) -> list:
     return [parameter for parameter in model.parameters() if parameter.requires_grad]
 
 
+def _require_learning_rate(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value >= 0 and math.isfinite(value)):
+        # "1e-3" is text; 0 is the tests' control
+        raise InvalidChoiceError(f"learning_rate={value!r} is not supported; pass a small positive number, e.g. 1e-3.")
+    return float(value)
+
+
 def optimizer_for(model, learning_rate: float = 1e-3):
     """bitsandbytes' paged 8-bit AdamW on a GPU (2 bytes of state per parameter, paged out under pressure);
     torch's AdamW on the CPU, where the paged optimizers do not run."""
     parameters = trainable(model)
     if not parameters:
         raise InvalidChoiceError("the model has no trainable parameters; wrap it with fine_tuning.add_adapters first.")
-    if (isinstance(learning_rate, bool) or not isinstance(learning_rate, numbers.Real)
-            or not (learning_rate >= 0 and math.isfinite(learning_rate))):  # "1e-3" is text; 0 is the tests' control
-        raise InvalidChoiceError(f"learning_rate={learning_rate!r} is not supported; pass a small positive number, e.g. 1e-3.")
-    learning_rate = float(learning_rate)
+    learning_rate = _require_learning_rate(learning_rate)
     if parameters[0].device.type == "cuda":
         import bitsandbytes
 

@@ -428,6 +428,7 @@ def require_llama_ids(llm, ids, new_tokens: int = 0) -> list:
     within its context; one sentence otherwise (llama.cpp itself would read an empty or oversized prompt)."""
     require_llm(llm)
     _require_id_list(ids)
+    new_tokens = require_whole_number(new_tokens, "new_tokens", minimum=0, unit="tokens")
     vocabulary = llm.n_vocab()
     for token in ids:
         if isinstance(token, bool) or not isinstance(token, numbers.Integral) or not 0 <= token < vocabulary:

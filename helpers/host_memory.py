@@ -15,6 +15,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .errors import require_positive_number
+
 STATUS = "/proc/self/status"
 FIELDS = {"RssAnon": "anon_bytes", "RssFile": "file_bytes", "RssShmem": "shmem_bytes"}
 
@@ -70,7 +72,7 @@ class PeakSampler:
     """
 
     def __init__(self, interval_s: float = 0.02):
-        self.interval_s = interval_s
+        self.interval_s = require_positive_number(interval_s, "interval_s")
         self.peaks = Peaks()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)

@@ -45,6 +45,7 @@ def greedy(model, tokenizer, new_tokens: int, prompt_length: int = 32, *, keep_l
     """Greedy-decode exactly ``new_tokens`` after a fixed prompt: the tokens, their hash, how many
     distinct ones (a random-weight model that repeats one token proves nothing) and the time; with
     ``keep_logits`` the full logits of every step (float32, on the CPU) and their hash."""
+    new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
     require_bool(keep_logits, "keep_logits")
     device = placement.compute_device_of(model)  # not the PLE table's device, which may be the CPU
     ids = prompt_ids(tokenizer, prompt_length, device)

@@ -45,7 +45,7 @@ from urllib.parse import unquote
 
 from .checksums import git_blob_sha1, sha256
 from .download import is_hub_id
-from .errors import CourseError, require_positive_number
+from .errors import CourseError, require_positive_number, require_whole_number
 from .paths import cache_subfolder, venv_python, writable_folder
 
 OLAH_VERSION = "0.5.4"
@@ -164,6 +164,7 @@ def prepare_repository(model_dir, mirrors_root, repo_id: str, lfs_threshold: int
     from; otherwise rebuilt in a staging folder and swapped in (old aside, new in, old deleted)."""
     from filelock import FileLock
 
+    lfs_threshold = require_whole_number(lfs_threshold, "lfs_threshold", minimum=0, unit="bytes")
     if shutil.which("git") is None:
         raise MirrorError("git is not installed: install it (apt install git / https://git-scm.com) and retry.")
     model_dir = Path(model_dir)
@@ -242,6 +243,7 @@ def served_files(repository: Path) -> dict:
 def byte_range(value: str | None, size: int) -> tuple | None:
     """``(first, last)`` for a single ``Range: bytes=...`` header; None to send the whole file (no header,
     several ranges, or one that does not parse, as RFC 9110 allows); ValueError when it starts past the end."""
+    size = require_whole_number(size, "size", minimum=0, unit="bytes")
     if not value or not value.startswith("bytes=") or "," in value:
         return None
     first, dash, last = value[len("bytes="):].strip().partition("-")
@@ -355,7 +357,7 @@ class Front:
     (``main`` and its commit); a file request for anything else goes on to olah, which answers it as the Hub would."""
 
     def __init__(self, host: str, port: int, repos: set, files: dict | None = None, revisions=(), commit: str = ""):
-        self.host, self.port, self.repos = host, port, set(repos)
+        self.host, self.port, self.repos = host, require_port(port), set(repos)
         self.files, self.revisions, self.commit = files or {}, set(revisions), commit
         self.upstream_port = None
         self.refused: Counter = Counter()  # reason -> requests refused
@@ -643,6 +645,7 @@ class Mirror(Service):
         raise MirrorError(f"olah did not answer on {self.olah_endpoint} within {timeout:.0f} s; see {self.log.name}")
 
     def log_tail(self, lines: int = 3) -> str:
+        lines = require_whole_number(lines, "lines")
         self.log.flush()
         tail = Path(self.log.name).read_text(errors="replace").strip().splitlines()[-lines:]
         return " | ".join(tail) or "no output"

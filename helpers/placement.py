@@ -29,6 +29,7 @@ from .errors import (
     require_choice,
     require_model,  # noqa: F401 - placement.require_model, as the notebooks and helpers call it
     require_number,
+    require_whole_number,
 )
 from .noise import ABSENT_DEVICE, silenced
 
@@ -147,6 +148,7 @@ def modules_matched_by(key: str, names) -> list[str]:
 def nearest_names(key: str, names, n: int = 3) -> list[str]:
     """Real names a mistyped key probably meant: those ending in the key's own tail first (a key
     written for another architecture misses a level, e.g. ``model.layers.1``), then by similarity."""
+    n = require_whole_number(n, "n")
     tail = key.split(".", 1)[-1]
     same_tail = [name for name in names if name == tail or name.endswith("." + tail)]
     return difflib.get_close_matches(key, same_tail or names, n=n, cutoff=0.0)

@@ -828,6 +828,7 @@ def training_fits(config, card_gb: float, quant: str = "nf4", ple: str = "cpu", 
     """Does a LoRA step on ``sequence`` tokens fit a card of ``card_gb`` GB, and what is the longest sequence that
     does? The same margins as ``fits``: the allocator's reserve on what the step adds beside the weights."""
     require_positive_number(card_gb, "card_gb")
+    sequence = require_whole_number(sequence, "sequence", unit="tokens")
     calibration = calibration or load_calibration()
     training_calibration = training_calibration or load_training_calibration()
 

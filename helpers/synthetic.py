@@ -673,7 +673,7 @@ RANDOM_INITS = ("uniform_", "normal_", "xavier_uniform_", "xavier_normal_", "kai
 
 def tensor_key(seed: int, tensor_name: str) -> str:
     """The name of a tensor's random stream in a build of ``seed``."""
-    return f"{seed}/{tensor_name}"
+    return f"{require_whole_number(seed, 'seed', minimum=0)}/{tensor_name}"
 
 
 def exact_normal(key: str, count: int, *, start: int = 0, mean: float = 0.0, std: float = 1.0,

@@ -5,10 +5,12 @@ counts how each row was answered."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import importlib
 import io
+import re
 import shutil
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from helpers import (
     faults,
     fine_tuning,
     gguf_route,
+    host_memory,
     loading,
     long_context,
     measure,
@@ -388,6 +391,32 @@ CASES += [
     ("exercise check with a misspelt context", lambda i: exercises.check("00.1", "x", sorce="tiny"), "InvalidChoiceError",
      "source=MODEL_NAME"),
 ]
+# numbers no check of their own covered, found by the drift test below (every number parameter reaches a check)
+CASES += [
+    *[(f"greedy of {value!r} new tokens", lambda i, value=value: measure.greedy(i.model, loading.load_tokenizer("tiny"), value),
+       "InvalidChoiceError", "new_tokens=") for value in ("8", 1.5, 0, True, None, float("nan"))],
+    *[(f"LoRA dropout {value!r}", lambda i, value=value: fine_tuning.lora_config(dropout=value), "InvalidChoiceError",
+       "dropout=") for value in ("0.1", -0.1, 1.0, float("nan"), True)],
+    *[(f"fault proxy dropping after {value!r} bytes", lambda i, value=value: faults.FaultyProxy("http://127.0.0.1:9",
+       drop_after_bytes=value), "InvalidChoiceError", "drop_after_bytes=") for value in (-1, "64k", 1.5)],
+    *[(f"fault proxy stalling {value!r} s", lambda i, value=value: faults.FaultyProxy("http://127.0.0.1:9", stall_s=value),
+       "InvalidChoiceError", "stall_s=") for value in (-1, float("inf"), "3")],
+    ("fault proxy on port '8090'", lambda i: faults.FaultyProxy("http://127.0.0.1:9", port="8090"), "MirrorError", "port="),
+    *[(f"host sampler every {value!r} s", lambda i, value=value: host_memory.PeakSampler(value), "InvalidChoiceError",
+       "interval_s=") for value in (0, float("nan"), "0.02")],
+    ("mirror front on port '8090'", lambda i: mirror.Front(mirror.LOOPBACK, "8090", {REPO}), "MirrorError", "port="),
+    ("mirror repository with a negative LFS threshold",
+     lambda i: mirror.prepare_repository(i.tiny, i.root / "mirrors", REPO, lfs_threshold=-1), "InvalidChoiceError",
+     "lfs_threshold="),
+    ("byte range of a file whose size is text", lambda i: mirror.byte_range("bytes=0-3", "100"), "InvalidChoiceError", "size="),
+    *[(f"training on sequences of {value!r}", lambda i, value=value: planner.training_fits("tiny", 8, sequence=value),
+       "InvalidChoiceError", "sequence=") for value in (0, "512", 1.5)],
+    ("random stream of seed True", lambda i: synthetic.tensor_key(True, "x"), "InvalidChoiceError", "seed="),
+    ("nearest names, none asked", lambda i: placement.nearest_names("x", ["a"], 0), "InvalidChoiceError", "n="),
+    ("profile range of -1 forwards", lambda i: decoding.decode_range(-1), "InvalidChoiceError", "forwards="),
+]
+
+
 def bound_front_serving(upstream_port):
     """A front that holds its port, asked to relay to ``upstream_port``; the port is given back either way."""
     front = mirror.Front(mirror.LOOPBACK, mirror.free_port(), {REPO})
@@ -668,6 +697,97 @@ def test_no_boolean_parameter_of_helpers_takes_a_truthy_string_for_a_yes():
     assert unchecked_booleans(control, "m") == ["m.f(flag)", "m.g(verbose)"]
     handed = "def f(x, *, flag: bool = True):\n    return h(x, flag=flag)\n"
     assert unchecked_booleans(handed, "m") == []
+
+
+def unchecked_numbers(sources: dict) -> list:
+    """``module.function(parameter)`` (``module.Class.method`` for a method) for each number parameter (annotated int
+    or float, or defaulting to one) of a public function or method that reaches no ``require_*``/``check_*`` call:
+    neither passes it to one nor hands it on (by name or position) to a helpers function, or a dataclass whose
+    ``__post_init__``, that does."""
+    functions = {}  # callee name -> [(qualified name, FunctionDef, parameter names)]
+    owners = {}  # id(method) -> its class's name, for what ``cls(...)`` calls
+    for module, source in sources.items():
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.FunctionDef):
+                functions.setdefault(node.name, []).append((f"{module}.{node.name}", node, positional_names(node)))
+            elif isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef):
+                        owners[id(item)] = node.name
+                        functions.setdefault(item.name, []).append(
+                            (f"{module}.{node.name}.{item.name}", item, positional_names(item)[1:]))
+                        if item.name == "__post_init__":  # a dataclass: its fields are what the constructor takes
+                            fields = [s.target.id for s in node.body if isinstance(s, ast.AnnAssign)
+                                      and isinstance(s.target, ast.Name)]
+                            functions.setdefault(node.name, []).append((f"{module}.{node.name}", item, fields))
+    memo: dict = {}
+
+    def reaches_check(node, name: str, seen=frozenset()) -> bool:
+        key = (id(node), name)
+        if key not in memo and key not in seen:
+            memo[key] = any(call_checks(call, name, seen | {key}, owners.get(id(node)))
+                            for call in ast.walk(node) if isinstance(call, ast.Call))
+        return memo.get(key, False)
+
+    def call_checks(call, name: str, seen, owner) -> bool:
+        def uses(expr) -> bool:
+            return any((isinstance(n, ast.Name) and n.id == name) or (isinstance(n, ast.Attribute) and n.attr == name
+                       and isinstance(n.value, ast.Name) and n.value.id == "self") for n in ast.walk(expr))
+
+        callee = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+        callee = owner if callee == "cls" else callee
+        arguments = [*call.args, *(keyword.value for keyword in call.keywords)]
+        if re.search(r"(^|_)(require|check)", callee) and any(uses(a) for a in arguments):
+            return True
+        for _, target, names in functions.get(callee, []):
+            handed = [names[i] for i, a in enumerate(call.args) if i < len(names) and uses(a)]
+            handed += [keyword.arg for keyword in call.keywords if keyword.arg and uses(keyword.value)]
+            if any(reaches_check(target, h, seen) for h in handed):
+                return True
+        return False
+
+    found = []
+    for candidates in functions.values():
+        for qualified, node, _ in candidates:
+            if node.name.startswith("_") and node.name != "__init__" or qualified.split(".")[-2:-1] == ["_"]:
+                continue
+            args = node.args
+            positional = args.posonlyargs + args.args
+            defaults = dict(zip([a.arg for a in positional][len(positional) - len(args.defaults):], args.defaults))
+            defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+            for arg in positional + args.kwonlyargs:
+                annotation = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+                default = defaults.get(arg.arg)
+                number = annotation in ("int", "float", "int | None", "float | None") or (
+                    isinstance(default, ast.Constant) and type(default.value) in (int, float))
+                if number and not reaches_check(node, arg.arg):
+                    found.append(f"{qualified}({arg.arg})")
+    return sorted(set(found))
+
+
+def positional_names(node) -> list:
+    return [a.arg for a in node.args.posonlyargs + node.args.args]
+
+
+# the checks' own bounds, which the course's code sets: not an argument a learner passes
+CHECKS_OWN_BOUNDS = ["errors.require_number(minimum)", "errors.require_whole_number(maximum)",
+                     "errors.require_whole_number(minimum)"]
+
+
+def test_no_number_parameter_of_helpers_reaches_its_work_unchecked():
+    """``measure.greedy(new_tokens=True)`` once decoded one token and ``lora_config(dropout="0.1")`` built a config: every
+    number of the public API reaches a require_*/check_* call, itself or through what it is handed to, so a new
+    function is held to it as it is added. The control: a number used only in arithmetic is found; one handed on by
+    position to a function that checks it, or to a dataclass whose __post_init__ does, is not."""
+    helpers_dir = Path(__file__).resolve().parents[1] / "helpers"
+    assert unchecked_numbers({path.stem: path.read_text() for path in sorted(helpers_dir.glob("*.py"))}) == CHECKS_OWN_BOUNDS
+    control = {"m": (
+        "def f(model, steps: int = 3):\n    return model * steps\n\n"
+        "def g(x, size=8):\n    return h(x, size)\n\n"
+        "def h(x, size: int):\n    return require_whole_number(size, 'size') + x\n\n"
+        "class Settings:\n    chunk: int\n    def __post_init__(self):\n        require_whole_number(self.chunk, 'chunk')\n"
+        "    @classmethod\n    def plain(cls, chunk: int = 4):\n        return cls(chunk)\n")}
+    assert unchecked_numbers(control) == ["m.f(steps)"]
 
 
 @pytest.mark.parametrize("call", [
