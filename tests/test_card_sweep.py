@@ -2,6 +2,8 @@
 the whole GPU and the sizes at which the planner's choices turn, for both shapes, each exactly once, in parts small
 enough for one device call."""
 
+import json
+
 from conftest import tool
 
 from helpers import cards, planner
@@ -70,3 +72,53 @@ def test_a_notebook_checked_out_with_windows_line_ends_hashes_as_the_same_code(t
         (tmp_path / name).write_text(json.dumps({"cells": [{"cell_type": "code", "source": source}]}))
     lf, crlf, other = (card_sweep.code_hash(name, tmp_path) for name in ("lf.ipynb", "crlf.ipynb", "other.ipynb"))
     assert lf == crlf and lf != other  # the control: one character of code is another notebook
+
+
+def test_a_part_stopped_at_its_deadline_ends_in_time_and_leaves_no_process_behind(tmp_path, monkeypatch):
+    """A lent machine's call is cut at 10 minutes, and what it ran is lost with it: the part stops itself first."""
+    import subprocess
+    import time
+
+    sleeper = "sleep 30.0713"  # a child of the part's shell, in its process group
+    monkeypatch.setattr(card_sweep, "command", lambda shape, cards: ["bash", "-c", f"({sleeper}) & wait"])
+    card_sweep.parts()  # the planner's scan for the edges, cached, is not the part's time
+    started = time.monotonic()
+    assert card_sweep.run(1, deadline=0.5, log=tmp_path / "log") == 124
+    assert time.monotonic() - started < 10
+    time.sleep(0.2)
+    assert subprocess.run(["pgrep", "-f", sleeper], capture_output=True).returncode == 1  # none left
+    monkeypatch.setattr(card_sweep, "command", lambda shape, cards: ["bash", "-c", "exit 3"])
+    assert card_sweep.run(1, deadline=5) == 3  # the control: a part that ends by itself keeps its status
+
+
+def test_a_packed_part_brings_back_the_groups_a_deadline_stopped_before_they_recorded(tmp_path, monkeypatch):
+    from tools import record_nbval
+
+    box, here, build = tmp_path / "box", tmp_path / "here", tmp_path / "build"
+    for folder in (box, here, build):
+        folder.mkdir()
+    shape, cards = card_sweep.parts()[0]
+    entry = {"passed": 8, "failed": 0, "skipped": 0, "seconds": 30.0, "result": "pass", "gpu": "NVIDIA H200",
+             "gpu_total_bytes": 150109880320, "versions": {"transformers": "5.24.0"}, "date": "2026-12-05",
+             "command": "c", "code_sha": "x"}
+    (box / f"notebooks-{shape}.json").write_text(json.dumps({"model": shape, "cards": {f"{cards[0]} GB": {
+        "00_setup.ipynb": entry}}}))
+    (build / f"nbval-gpu-{cards[0]}-2.xml").write_text(  # a group that finished after the record's last write
+        '<testsuites><testsuite timestamp="2026-12-05T08:05:00"><testcase classname="notebooks.04_named_modules.ipynb" '
+        'name="Cell 0" time="1.5"/><testcase classname="notebooks.04_named_modules.ipynb" name="Cell 1" time="2"/>'
+        '</testsuite></testsuites>')
+    (box / "card-sweep.log").write_text("log")
+    monkeypatch.setattr(card_sweep, "GPU_TIER_DIR", box)
+    monkeypatch.setattr(card_sweep, "BUILD_DIR", build)
+    bundle = card_sweep.pack(1, tmp_path, box / "card-sweep.log")
+    assert bundle.name == "part-1.tgz"
+
+    monkeypatch.setattr(card_sweep, "GPU_TIER_DIR", here)
+    monkeypatch.setattr(record_nbval, "GPU_TIER_DIR", here)
+    monkeypatch.setenv("CARD_GB", "")
+    assert card_sweep.unpack(bundle) == [f"nbval-gpu-{cards[0]}-2.xml"]
+    record = json.loads((here / f"notebooks-{shape}.json").read_text())["cards"][f"{cards[0]} GB"]
+    assert record["00_setup.ipynb"] == entry  # what the box recorded, kept
+    added = record["04_named_modules.ipynb"]
+    assert (added["passed"], added["seconds"], added["gpu"], added["date"]) == (2, 3.5, "NVIDIA H200", "2026-12-05")
+    assert "GPU_CARDS=" in added["command"] and (here / f"notebooks-{shape}-{'-'.join(cards)}.log").read_text() == "log"

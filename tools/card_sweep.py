@@ -9,6 +9,8 @@ data/gpu-tier/notebooks-<shape>.json, which the README renders as a card x noteb
     python tools/card_sweep.py --list      # the parts, one line each
     python tools/card_sweep.py --todo      # the parts whose record is missing a notebook, stale or failing
     python tools/card_sweep.py 2           # run part 2 here (a GPU machine), recorded
+    python tools/card_sweep.py 2 --pack "$OUT" --deadline 470   # on a lent box: stop in time, one file back
+    python tools/card_sweep.py --unpack part-2.tgz                # here: its record, and any JUnit it did not record
 """
 
 from __future__ import annotations
@@ -17,15 +19,20 @@ import argparse
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
 from helpers import planner  # noqa: E402
 from helpers.cards import CARD_SIZES_GB  # noqa: E402
-from helpers.paths import GPU_TIER_DIR, NOTEBOOKS_DIR  # noqa: E402
+from helpers.paths import BUILD_DIR, GPU_TIER_DIR, NOTEBOOKS_DIR  # noqa: E402
 from tools.record_nbval import card_label, code_hash  # noqa: E402
+
+LOG = "card-sweep.log"
 
 SHAPES = ("e4b-shape", "e2b-shape")
 # two cards a call (eight kernels on the H200 box's 16 cores). Five cards, 20 kernels, ran group 00-03 in 455 s
@@ -97,12 +104,83 @@ def command(shape: str, cards: tuple) -> list:
     return ["make", "--no-print-directory", "test-gpu-cards", f"GEMMA_MODEL={shape}", f"GPU_CARDS={' '.join(cards)}"]
 
 
+def run(number: int, deadline: float | None = None, log: Path | None = None) -> int:
+    """Run part ``number``, recorded; past ``deadline`` seconds its whole process group is stopped, so that a lent
+    machine's call ends with time left to send back what the groups that finished recorded."""
+    shape, cards = parts()[number - 1]
+    with open(log, "w") if log else open(os.devnull, "w") as sink:
+        process = subprocess.Popen(command(shape, cards), env={**os.environ, "GPU_RECORD": "1"}, start_new_session=True,
+                                   stdout=sink if log else None, stderr=subprocess.STDOUT if log else None)
+        try:
+            return process.wait(timeout=deadline)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait()
+            print(f"part {number} stopped at its deadline of {deadline:g} s", file=sys.stderr)
+            return 124
+
+
+def pack(number: int, folder: Path, log: Path | None = None) -> Path:
+    """One file for the way back (a lent machine returns a few files only): the shape's record, the JUnit files of
+    this run and its log."""
+    shape, _ = parts()[number - 1]
+    target = Path(folder) / f"part-{number}.tgz"
+    with tarfile.open(target, "w:gz") as bundle:
+        record = GPU_TIER_DIR / f"notebooks-{shape}.json"
+        if record.is_file():
+            bundle.add(record, arcname=record.name)
+        for junit in sorted(BUILD_DIR.glob("nbval-gpu-*.xml")):
+            bundle.add(junit, arcname=f"junit/{junit.name}")
+        if log and Path(log).is_file():
+            bundle.add(log, arcname=LOG)
+    return target
+
+
+def unpack(bundle_path: Path) -> list:
+    """Take a packed part in: its record replaces this tree's (it was made from it), then every JUnit file is recorded
+    again, with the environment the record holds for that run, so a group stopped before its own record counts."""
+    from tools import record_nbval
+
+    number = int(Path(bundle_path).name.split("-")[1].split(".")[0])
+    shape, cards = parts()[number - 1]
+    recorded = []
+    with tempfile.TemporaryDirectory() as work, tarfile.open(bundle_path) as bundle:
+        bundle.extractall(work, filter="data")
+        work = Path(work)
+        record = work / f"notebooks-{shape}.json"
+        if not record.is_file():
+            raise SystemExit(f"{bundle_path} holds no notebooks-{shape}.json: the part recorded nothing")
+        entries = [entry for card in json.loads(record.read_text())["cards"].values() for entry in card.values()]
+        (GPU_TIER_DIR / record.name).write_text(record.read_text())
+        if (work / LOG).is_file():
+            (GPU_TIER_DIR / f"notebooks-{shape}-{'-'.join(cards)}.log").write_text((work / LOG).read_text())
+        part_command = "GPU_RECORD=1 " + " ".join(command(shape, cards))
+        for junit in sorted((work / "junit").glob("nbval-gpu-*.xml")):
+            card = junit.name.removeprefix("nbval-gpu-").rsplit("-", 1)[0]
+            date = record_nbval.run_date(junit)
+            same_run = [e for e in entries if e.get("date") == date and "gpu" in e]
+            if not same_run:
+                continue
+            environment = work / "environment.jsonl"
+            environment.write_text(json.dumps({key: same_run[-1][key] for key in ("gpu", "gpu_total_bytes", "versions")}))
+            os.environ.update(CARD_GB="" if card == "uncapped" else card, GEMMA_MODEL=shape)
+            record_nbval.main([str(junit), "--environment-from", str(environment), "--command", part_command])
+            recorded.append(junit.name)
+    return recorded
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", nargs="?", type=int, help=f"the part to run, 1 to {len(parts())}")
     parser.add_argument("--list", action="store_true", help="print the parts and their commands")
     parser.add_argument("--todo", action="store_true", help="print the parts still to run on the notebooks as they are")
+    parser.add_argument("--deadline", type=float, help="stop the part after this many seconds (what finished counts)")
+    parser.add_argument("--pack", type=Path, metavar="DIR", help="then write DIR/part-N.tgz: record, JUnit files, log")
+    parser.add_argument("--unpack", type=Path, metavar="TGZ", help="take in a packed part")
     args = parser.parse_args(argv)
+    if args.unpack:
+        print(f"recorded {len(unpack(args.unpack))} JUnit files; python tools/card_sweep.py --todo says what is left")
+        return 0
     if args.todo:
         todo = [(number, left) for number, part in enumerate(parts(), 1) if (left := unfinished(*part))]
         for number, left in todo:
@@ -116,8 +194,11 @@ def main(argv=None) -> int:
         return 0
     if not 1 <= args.part <= len(parts()):
         parser.error(f"part {args.part} does not exist: choose 1 to {len(parts())} (--list names them)")
-    shape, cards = parts()[args.part - 1]
-    return subprocess.call(command(shape, cards), env={**os.environ, "GPU_RECORD": "1"})
+    log = Path(args.pack) / LOG if args.pack else None
+    status = run(args.part, args.deadline, log)
+    if args.pack:
+        print(f"packed {pack(args.part, args.pack, log)}")
+    return status
 
 
 if __name__ == "__main__":
