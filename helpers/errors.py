@@ -237,6 +237,13 @@ class RecordFileError(CourseError):
     entry = "a-record-file-is-cut-short-or-not-json"
 
 
+class NoRecordError(RecordFileError, FileNotFoundError):
+    """A record the course reads is not there: a model, quantization or route nobody has measured yet (a
+    FileNotFoundError too, for code that waits for a record to appear)."""
+
+    entry = "a-record-the-course-reads-is-not-there"
+
+
 class DiskFullError(CourseError):
     """No space left for what the course writes: a download, a build, a conversion."""
 

@@ -50,7 +50,7 @@ from .errors import (
     require_whole_number,
 )
 from .fine_tuning import ADAM_STATE_BYTES, LOSS_CHUNK, RANK, adapter_shapes
-from .long_context import DEFAULT_CHUNK
+from .long_context import CACHE_KINDS, DEFAULT_CHUNK
 from .models import load_config as _load_config
 from .models import requested, smaller_siblings
 from .paths import PLANNER_DIR, write_text_atomically
@@ -148,7 +148,9 @@ def kv_cache_bytes(config, context: int, bytes_per_value: int = 2, cache: str = 
     """Bytes of keys and values after a prefill of ``context`` tokens (bf16 cache). Only the layers that own
     a cache count. ``cache="dynamic"`` (what ``generate`` builds): sliding layers counted at the window, one
     token more than ``DynamicSlidingWindowLayer`` keeps (an upper bound); ``cache="static"``
-    (``StaticCache(max_cache_len=context)``): sliding layers hold exactly the window, full layers ``context``."""
+    (``StaticCache(max_cache_len=context)``): sliding layers hold exactly the window, full layers ``context``. Both
+    come to the same count: the window for each sliding layer."""
+    require_choice(cache, CACHE_KINDS, "cache")
     return kv_rates(config, bytes_per_value).bytes(context)
 
 
@@ -535,6 +537,7 @@ def accelerate_estimate(config, quant: str = "nf4") -> int:
     bitsandbytes quantizes linear layers only, so embeddings and the PLE table stay in bf16."""
     from accelerate.utils import calculate_maximum_sizes
 
+    require_choice(quant, QUANTS, "quant")
     total_bf16, _ = calculate_maximum_sizes(meta_model(load_config(config)))
     divisor = {"bf16": 2, "int8": 4, "nf4": 8, "fp4": 8}[quant]
     return int(total_bf16 * 2 / divisor)

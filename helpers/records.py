@@ -4,14 +4,16 @@ release). Reading them needs no GPU; the lab's ``lab.records`` writes them."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InvalidChoiceError, RecordFileError
+from .errors import InvalidChoiceError, NoRecordError, RecordFileError, require_choice
 from .long_context import positions_written
 from .paths import CHAT_DIR, CITED_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR
+from .quantization import QUANTS
 
 # the benchmark records' format, written into each (tools/upgrade_records.py brings older ones to it)
 SCHEMA = 2
@@ -53,8 +55,17 @@ def read_json(path) -> dict:
                                  f"-- {path.name}, or run again the command that wrote it.") from None
 
 
+def require_preset(preset) -> str:
+    if not isinstance(preset, str) or not preset.strip():
+        raise InvalidChoiceError(f"preset={preset!r} is not a preset's name; pass one such as 'decode-speed' "
+                                 f"(python -m lab.bench --help lists them).")
+    return preset
+
+
 def every_record(directory: Path = MEASUREMENTS_DIR, preset: str | None = None):
     """Every benchmark record, in file order (``preset``: that preset's only)."""
+    if preset is not None:
+        require_preset(preset)
     for path in sorted(Path(directory).glob("*.jsonl")):
         for record in record_lines(path):
             if not preset or record.get("preset") == preset:
@@ -72,32 +83,45 @@ def latest_records(directory: Path = MEASUREMENTS_DIR, preset: str | None = None
     return list(newest.values())
 
 
+def require_measured(model: str, directory: Path = MEASUREMENTS_DIR, **fields) -> None:
+    """Refuse a ``model`` (or ``quant``) that is neither one of the course's nor named by the benchmark's records: a
+    typo would read as "not run yet", where a shape not measured yet reads as that."""
+    configurations = [record["configuration"] for record in every_record(directory)]
+    course_names = {"model": importlib.import_module(".synthetic", __package__).SHAPES, "quant": QUANTS}
+    for what, value in {"model": model, **fields}.items():
+        recorded = {c[what] for c in configurations if what in c}
+        require_choice(value, sorted(recorded | set(course_names.get(what, ()))), what)
+
+
 def decode_speeds(model: str = "e4b-shape", quant: str = "nf4", directory: Path = MEASUREMENTS_DIR) -> dict:
     """Decode tokens/s by route (``ple-gpu``, ``ple-cpu``, ``cpu-entry``) from the speed preset, the
     only records timed one process at a time; the memory presets and the GPU tier run side by side."""
+    require_measured(model, directory, quant=quant)
     speeds = {}
     for record in latest_records(directory, preset="speed"):
         c = record["configuration"]
         if c["model"] == model and c["quant"] == quant and record.get("decode_tokens_per_s") is not None:
             speeds[c.get("route") or f"ple-{c['ple']}"] = record["decode_tokens_per_s"]
     if not speeds:
-        raise FileNotFoundError(f"No speed records for {model} {quant} in {directory}: "
-                                "run `python -m lab.bench speed` on a GPU.")
+        raise NoRecordError(f"No speed records for {model} {quant} in {directory}: run `python -m lab.bench speed` on a GPU.")
     return speeds
 
 
 def speed_record(model: str = "e4b-shape", route: str = "ple-cpu", quant: str = "nf4", directory: Path = MEASUREMENTS_DIR) -> dict:
     """The speed preset's newest record for one route: load seconds, prefill tokens/s, decode tokens/s."""
+    require_measured(model, directory, quant=quant)
     for record in latest_records(directory, preset="speed"):
         c = record["configuration"]
         if c["model"] == model and c["quant"] == quant and (c.get("route") or f"ple-{c['ple']}") == route:
             return record
-    raise FileNotFoundError(f"No speed record for {model} {quant} {route} in {directory}: run `python -m lab.bench speed` on a GPU.")
+    raise NoRecordError(f"No speed record for {model} {quant} {route} in {directory}: run `python -m lab.bench speed` on a GPU.")
 
 
 def decode_rates_over_runs(preset: str, model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
     """Every recorded decode tokens/s of each named configuration of a preset, oldest first (name -> list):
     how far a speed moves between runs, where the newest record alone would hide it."""
+    require_preset(preset)
+    require_measured(model, directory)
     rates: dict = {}
     for record in every_record(directory, preset):
         c = record["configuration"]
@@ -109,6 +133,8 @@ def decode_rates_over_runs(preset: str, model: str = "e4b-shape", directory: Pat
 def preset_records(preset: str, model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
     """The newest record of each named configuration of a preset for one model (name -> record); {} when the
     preset has not been run (``make bench PRESET=<preset>`` on a GPU)."""
+    require_preset(preset)
+    require_measured(model, directory)
     return {r["configuration"].get("name") or r["configuration"]["ple"]: r for r in latest_records(directory, preset=preset)
             if r["configuration"]["model"] == model}
 
@@ -119,6 +145,7 @@ def largest_contexts(model: str = "e4b-shape", directory: Path = MEASUREMENTS_DI
     chunked paths (``long-context-8gb``, ``long-context-cards``, ``long-context-small-cards``, whose text-only
     route, towers and head off the GPU, is a way of its own); a search that reached ``max_context_limit`` stopped at
     the model's positions, not at the card."""
+    require_measured(model, directory)
     reached: dict = {}
     for preset in ("cards", "long-context-8gb", "long-context-cards", "long-context-small-cards"):
         for record in latest_records(directory, preset=preset):
@@ -198,7 +225,8 @@ def gpu_tier(model: str = "e4b-shape", quant: str = "nf4", directory: Path = GPU
     """The GPU tier's records for a model and quantization, route -> record."""
     path = Path(directory) / f"{model}-{quant}.json"
     if not path.is_file():
-        raise FileNotFoundError(f"No recorded GPU measurements at {path}: run `GPU_RECORD=1 make test-gpu` on a GPU.")
+        raise NoRecordError(f"No recorded GPU measurements at {path}: run "
+                            f"`GPU_RECORD=1 make test-gpu` on a GPU.")
     return read_json(path)
 
 
@@ -243,7 +271,8 @@ def gpu_tier_file(name: str, directory: Path = GPU_TIER_DIR) -> dict:
     """Any other record the GPU tier keeps, by file name (e.g. ``determinism-e4b-shape.json``)."""
     path = Path(directory) / name
     if not path.is_file():
-        raise FileNotFoundError(f"No GPU record {path}: it is written by a GPU run (see the README's GPU tier).")
+        raise NoRecordError(f"No GPU record {path}: it is written by a GPU run (see the "
+                            f"GPU tier in docs/results.md).")
     return read_json(path)
 
 
@@ -262,7 +291,8 @@ def gguf_route(model: str = "e4b-shape", directory: Path = GGUF_DIR) -> dict:
     """The llama.cpp route measured on a CPU for one checkpoint (``python -m helpers.gguf_route measure``)."""
     path = Path(directory) / f"{model}.json"
     if not path.is_file():
-        raise FileNotFoundError(f"No llama.cpp record at {path}: run `python -m helpers.gguf_route measure {model} --record`.")
+        raise NoRecordError(f"No llama.cpp record at {path}: run "
+                            f"`python -m helpers.gguf_route measure {model} --record`.")
     return read_json(path)
 
 
@@ -280,7 +310,7 @@ def plain_string_outcomes(directory: Path = CHAT_DIR) -> list:
     """What each probed transformers release does with a plain-string message (tools/probe_plain_strings.py)."""
     path = Path(directory) / "plain-string-content.json"
     if not path.is_file():
-        raise FileNotFoundError(f"No record at {path}: run `python tools/probe_plain_strings.py 5.5.2 5.7.0`.")
+        raise NoRecordError(f"No record at {path}: run `python tools/probe_plain_strings.py 5.5.2 5.7.0`.")
     return read_json(path)
 
 

@@ -39,6 +39,7 @@ from helpers import (
     placement,
     planner,
     quantization,
+    records,
     synthetic,
     weights,
 )
@@ -414,6 +415,30 @@ CASES += [
     ("random stream of seed True", lambda i: synthetic.tensor_key(True, "x"), "InvalidChoiceError", "seed="),
     ("nearest names, none asked", lambda i: placement.nearest_names("x", ["a"], 0), "InvalidChoiceError", "n="),
     ("profile range of -1 forwards", lambda i: decoding.decode_range(-1), "InvalidChoiceError", "forwards="),
+]
+
+
+# the records' readers and the planner's string choices: a typo read as "not measured yet", or a bare KeyError
+CASES += [
+    *[(f"records.{name} of model {value!r}", lambda i, call=call, value=value: call(value), "InvalidChoiceError", "model=")
+      for name, call in [("decode_speeds", lambda v: records.decode_speeds(model=v)),
+                         ("largest_contexts", lambda v: records.largest_contexts(model=v)),
+                         ("long_context_goal", lambda v: records.long_context_goal(model=v)),
+                         ("preset_records", lambda v: records.preset_records("decode-speed", model=v))]
+      for value in ("e4b", 5)],
+    ("records.decode_speed of quant 'NF4'", lambda i: records.decode_speed("ple-cpu", quant="NF4"), "InvalidChoiceError",
+     "quant="),
+    ("records.preset_records of preset None", lambda i: records.preset_records(None), "InvalidChoiceError", "preset="),
+    ("records.decode_rates_over_runs of preset ''", lambda i: records.decode_rates_over_runs(""), "InvalidChoiceError",
+     "preset="),
+    *[(f"records.{name} of a model never run on a GPU", lambda i, call=call: call(), "NoRecordError", "run")
+      for name, call in [("gpu_tier", lambda: records.gpu_tier("e4b")), ("training_peaks", lambda: records.training_peaks("e4b")),
+                         ("gguf_route", lambda: records.gguf_route("e4b")),
+                         ("speed_record", lambda: records.speed_record(route="ple-everywhere"))]],
+    ("accelerate's estimate for quant 'NF4'", lambda i: planner.accelerate_estimate("tiny", "NF4"), "InvalidChoiceError",
+     "quant="),
+    ("KV cache of a cache kind 'bogus'", lambda i: planner.kv_cache_bytes("tiny", 8, cache="bogus"), "InvalidChoiceError",
+     "cache="),
 ]
 
 
