@@ -104,7 +104,7 @@ def require_compute_dtype(compute_dtype) -> torch.dtype | None:
 
 
 def require_bitsandbytes(quant: Quant) -> None:
-    if quant == "bf16":
+    if require_choice(quant, QUANTS, "quant") == "bf16":
         return
     if importlib.util.find_spec("bitsandbytes") is None:
         raise BitsandbytesMissingError(
@@ -136,6 +136,8 @@ class LoadVerdict:
 
 def load_verdict(estimate: WeightEstimate, device: torch.device, quant: Quant, ple: Placement, towers: str = "gpu",
                  head: str = "tied") -> LoadVerdict:
+    require_choice(quant, QUANTS, "quant")
+    require_choice(ple, PLACEMENTS, "ple")
     if device.type != "cuda":
         return LoadVerdict(True, quant, ple, str(device), estimate.gpu_bytes, None)
     budget = cards.budget_bytes(device)

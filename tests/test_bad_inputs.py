@@ -439,6 +439,9 @@ CASES += [
      "quant="),
     ("KV cache of a cache kind 'bogus'", lambda i: planner.kv_cache_bytes("tiny", 8, cache="bogus"), "InvalidChoiceError",
      "cache="),
+    ("bitsandbytes asked for quant 'NF4'", lambda i: loading.require_bitsandbytes("NF4"), "InvalidChoiceError", "quant="),
+    ("a load's verdict for ple 'disk'", lambda i: loading.load_verdict(None, torch.device("cpu"), "nf4", "disk"),
+     "InvalidChoiceError", "ple="),
 ]
 
 
@@ -724,11 +727,24 @@ def test_no_boolean_parameter_of_helpers_takes_a_truthy_string_for_a_yes():
     assert unchecked_booleans(handed, "m") == []
 
 
-def unchecked_numbers(sources: dict) -> list:
-    """``module.function(parameter)`` (``module.Class.method`` for a method) for each number parameter (annotated int
-    or float, or defaulting to one) of a public function or method that reaches no ``require_*``/``check_*`` call:
-    neither passes it to one nor hands it on (by name or position) to a helpers function, or a dataclass whose
-    ``__post_init__``, that does."""
+def is_number(annotation: str, default) -> bool:
+    """A parameter annotated int or float, or defaulting to one (not a bool)."""
+    return annotation in ("int", "float", "int | None", "float | None") or (
+        isinstance(default, ast.Constant) and type(default.value) in (int, float))
+
+
+def choice_annotations(sources: dict) -> set:
+    """The names helpers gives its choices: ``Quant = Literal["bf16", ...]`` and the like."""
+    return {node.targets[0].id for source in sources.values() for node in ast.parse(source).body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Subscript)
+            and ast.unparse(node.value.value) == "Literal"}
+
+
+def unchecked_numbers(sources: dict, wanted=is_number) -> list:
+    """``module.function(parameter)`` (``module.Class.method`` for a method) for each parameter ``wanted`` picks (by
+    default a number) of a public function or method that reaches no ``require_*``/``check_*`` call: neither passes
+    it to one nor hands it on (by name or position) to a helpers function, or a dataclass whose ``__post_init__``,
+    that does."""
     functions = {}  # callee name -> [(qualified name, FunctionDef, parameter names)]
     owners = {}  # id(method) -> its class's name, for what ``cls(...)`` calls
     for module, source in sources.items():
@@ -783,9 +799,7 @@ def unchecked_numbers(sources: dict) -> list:
             for arg in positional + args.kwonlyargs:
                 annotation = ast.unparse(arg.annotation) if arg.annotation is not None else ""
                 default = defaults.get(arg.arg)
-                number = annotation in ("int", "float", "int | None", "float | None") or (
-                    isinstance(default, ast.Constant) and type(default.value) in (int, float))
-                if number and not reaches_check(node, arg.arg):
+                if wanted(annotation, default) and not reaches_check(node, arg.arg):
                     found.append(f"{qualified}({arg.arg})")
     return sorted(set(found))
 
@@ -813,6 +827,20 @@ def test_no_number_parameter_of_helpers_reaches_its_work_unchecked():
         "class Settings:\n    chunk: int\n    def __post_init__(self):\n        require_whole_number(self.chunk, 'chunk')\n"
         "    @classmethod\n    def plain(cls, chunk: int = 4):\n        return cls(chunk)\n")}
     assert unchecked_numbers(control) == ["m.f(steps)"]
+
+
+def test_no_choice_of_helpers_takes_a_value_outside_its_literal_unchecked():
+    """``require_bitsandbytes("NF4")`` passed where only the four quantizations exist: every parameter annotated with
+    one of helpers' Literal choices (Quant, Placement) reaches require_choice, itself or through what it is handed
+    to. The control: a choice only compared is found."""
+    helpers_dir = Path(__file__).resolve().parents[1] / "helpers"
+    sources = {path.stem: path.read_text() for path in sorted(helpers_dir.glob("*.py"))}
+    choices = choice_annotations(sources)
+    assert {"Quant", "Placement"} <= choices
+    assert unchecked_numbers(sources, lambda annotation, default: annotation in choices) == []
+    control = {"m": 'Kind = Literal["a", "b"]\n\ndef f(kind: Kind = "a"):\n    return kind == "a"\n\n'
+                    'def g(kind: Kind):\n    return require_choice(kind, ("a", "b"), "kind")\n'}
+    assert unchecked_numbers(control, lambda annotation, default: annotation in choice_annotations(control)) == ["m.f(kind)"]
 
 
 @pytest.mark.parametrize("call", [
