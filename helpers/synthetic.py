@@ -673,7 +673,8 @@ RANDOM_INITS = ("uniform_", "normal_", "xavier_uniform_", "xavier_normal_", "kai
 
 def tensor_key(seed: int, tensor_name: str) -> str:
     """The name of a tensor's random stream in a build of ``seed``."""
-    return f"{require_whole_number(seed, 'seed', minimum=0)}/{tensor_name}"
+    seed = require_whole_number(seed, "seed", minimum=0)
+    return f"{seed}/{tensor_name}"
 
 
 def exact_normal(key: str, count: int, *, start: int = 0, mean: float = 0.0, std: float = 1.0,

@@ -75,9 +75,11 @@ def write_small_gguf(path, rows: int = 16):
 def tool(name: str):
     """A script of tools/ imported as a module, as the tests read it (tools/ is not installed with helpers)."""
     import importlib.util
+    import sys
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module

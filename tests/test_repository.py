@@ -451,3 +451,12 @@ def test_a_record_with_no_place_on_the_results_page_is_refused_and_the_prose_bet
     results.write_text(typed)
     monkeypatch.setattr(tool, "RESULTS", results)
     assert tool.main(["--check"]) == 1
+
+
+def test_every_mutation_still_finds_its_text_so_an_edit_to_helpers_cannot_break_the_mutation_step_late():
+    mutations = _tool("mutations")
+    for mutation in mutations.MUTATIONS:
+        mutations.check_applies(mutation)  # raises SystemExit naming the mutation whose text moved
+    gone = mutations.Mutation(name="control", path="helpers/synthetic.py", old="text that is in no file", new="", tests=())
+    with pytest.raises(SystemExit, match="occurs 0 times"):
+        mutations.check_applies(gone)
