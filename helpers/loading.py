@@ -138,6 +138,8 @@ def load_verdict(estimate: WeightEstimate, device: torch.device, quant: Quant, p
                  head: str = "tied") -> LoadVerdict:
     require_choice(quant, QUANTS, "quant")
     require_choice(ple, PLACEMENTS, "ple")
+    require_choice(towers, placement.TOWERS, "towers")
+    require_choice(head, placement.HEADS, "head")
     if device.type != "cuda":
         return LoadVerdict(True, quant, ple, str(device), estimate.gpu_bytes, None)
     budget = cards.budget_bytes(device)
@@ -331,9 +333,12 @@ def load_model(
     return model
 
 
-def course_device_map(skeleton, compute, ple: str, towers: str = "gpu", head: str = "tied") -> dict:
+def course_device_map(skeleton, compute, ple: Placement, towers: str = "gpu", head: str = "tied") -> dict:
     """The course's map: everything on ``compute`` but the PLE table (``ple="cpu"``), the towers (``towers="cpu"``)
     and, for an untied head, the token table with the checkpoint's tied ``lm_head`` (replaced after loading)."""
+    require_choice(ple, PLACEMENTS, "ple")
+    require_choice(towers, placement.TOWERS, "towers")
+    require_choice(head, placement.HEADS, "head")
     elsewhere = {}
     if ple == "cpu":
         elsewhere.update(dict.fromkeys(placement.require_ple(skeleton), "cpu"))

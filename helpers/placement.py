@@ -568,6 +568,7 @@ def output_head(weight: torch.Tensor, head: str, device: torch.device) -> torch.
     bitsandbytes quantizes a weight where it lands, so the quantized heads are built a slice of rows at a time: a
     4 GB card could not hold the bf16 table (1.3 GB for E4B) beside the model. Int8 scales each row; NF4 blocks of
     64 never span two rows when the hidden size is a multiple of 64, so the slices give the whole table's bits."""
+    require_choice(head, HEADS[1:], "head")
     vocab, hidden = weight.shape
     if head == "bf16":
         layer = torch.nn.Linear(hidden, vocab, bias=False, device="meta", dtype=weight.dtype)

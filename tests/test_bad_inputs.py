@@ -442,6 +442,16 @@ CASES += [
     ("bitsandbytes asked for quant 'NF4'", lambda i: loading.require_bitsandbytes("NF4"), "InvalidChoiceError", "quant="),
     ("a load's verdict for ple 'disk'", lambda i: loading.load_verdict(None, torch.device("cpu"), "nf4", "disk"),
      "InvalidChoiceError", "ple="),
+    ("a load's verdict for towers 'CPU'",
+     lambda i: loading.load_verdict(None, torch.device("cpu"), "nf4", "cpu", towers="CPU"), "InvalidChoiceError", "towers="),
+    ("a load's verdict for head 'NF4'",
+     lambda i: loading.load_verdict(None, torch.device("cpu"), "nf4", "cpu", head="NF4"), "InvalidChoiceError", "head="),
+    ("the course's device map with ple 'CPU'", lambda i: loading.course_device_map(i.meta, "cpu", "CPU"),
+     "InvalidChoiceError", "ple="),
+    ("the course's device map with towers 'off'", lambda i: loading.course_device_map(i.meta, "cpu", "cpu", towers="off"),
+     "InvalidChoiceError", "towers="),
+    ("an output head in 'fp8'", lambda i: placement.output_head(torch.zeros(4, 8), "fp8", torch.device("cpu")),
+     "InvalidChoiceError", "head="),
 ]
 
 
@@ -727,7 +737,7 @@ def test_no_boolean_parameter_of_helpers_takes_a_truthy_string_for_a_yes():
     assert unchecked_booleans(handed, "m") == []
 
 
-def is_number(annotation: str, default) -> bool:
+def is_number(annotation: str, default, *_) -> bool:
     """A parameter annotated int or float, or defaulting to one (not a bool)."""
     return annotation in ("int", "float", "int | None", "float | None") or (
         isinstance(default, ast.Constant) and type(default.value) in (int, float))
@@ -738,6 +748,26 @@ def choice_annotations(sources: dict) -> set:
     return {node.targets[0].id for source in sources.values() for node in ast.parse(source).body
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Subscript)
             and ast.unparse(node.value.value) == "Literal"}
+
+
+def compared_with_words(annotation: str, default, function, name: str) -> bool:
+    """A text parameter that ``function`` compares with fixed words (``towers == "cpu"``, ``head in ("a", "b")``,
+    ``(towers, head) != ("cpu", "nf4")``): a choice in all but its annotation."""
+    def is_word(node) -> bool:
+        return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+    def holds_name(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id == name) or (
+            isinstance(node, ast.Tuple) and any(isinstance(e, ast.Name) and e.id == name for e in node.elts))
+
+    def words(node) -> bool:
+        return is_word(node) or (isinstance(node, (ast.Tuple, ast.Set, ast.List)) and bool(node.elts)
+                                 and all(is_word(e) for e in node.elts))
+
+    if not (annotation in ("str", "str | None") or (isinstance(default, ast.Constant) and isinstance(default.value, str))):
+        return False
+    return any(isinstance(compare, ast.Compare) and holds_name(compare.left) and any(map(words, compare.comparators))
+               for compare in ast.walk(function))
 
 
 def unchecked_numbers(sources: dict, wanted=is_number) -> list:
@@ -799,7 +829,7 @@ def unchecked_numbers(sources: dict, wanted=is_number) -> list:
             for arg in positional + args.kwonlyargs:
                 annotation = ast.unparse(arg.annotation) if arg.annotation is not None else ""
                 default = defaults.get(arg.arg)
-                if wanted(annotation, default) and not reaches_check(node, arg.arg):
+                if wanted(annotation, default, node, arg.arg) and not reaches_check(node, arg.arg):
                     found.append(f"{qualified}({arg.arg})")
     return sorted(set(found))
 
@@ -837,10 +867,29 @@ def test_no_choice_of_helpers_takes_a_value_outside_its_literal_unchecked():
     sources = {path.stem: path.read_text() for path in sorted(helpers_dir.glob("*.py"))}
     choices = choice_annotations(sources)
     assert {"Quant", "Placement"} <= choices
-    assert unchecked_numbers(sources, lambda annotation, default: annotation in choices) == []
+    assert unchecked_numbers(sources, lambda annotation, *_: annotation in choices) == []
     control = {"m": 'Kind = Literal["a", "b"]\n\ndef f(kind: Kind = "a"):\n    return kind == "a"\n\n'
                     'def g(kind: Kind):\n    return require_choice(kind, ("a", "b"), "kind")\n'}
-    assert unchecked_numbers(control, lambda annotation, default: annotation in choice_annotations(control)) == ["m.f(kind)"]
+    assert unchecked_numbers(control, lambda annotation, *_: annotation in choice_annotations(control)) == ["m.f(kind)"]
+
+
+# text compared with fixed words where any text has an answer: a question, not a choice
+ANY_TEXT_ANSWERED = ["mirror.is_loopback(host)",  # any host name: loopback or not
+                     "mirror.refusal(method)",  # an HTTP method the front does not serve gets its 405 sentence
+                     "placement.modules_matched_by(key)"]  # "" is the device map's key for the whole model
+
+
+def test_no_text_parameter_compared_with_fixed_words_takes_another_word_unchecked():
+    """``load_verdict(..., towers="CPU")`` once gave a wrong hint and ``course_device_map(..., ple="CPU")`` kept the PLE
+    table on the GPU: a text parameter that is compared with fixed words is a choice, so it reaches require_choice
+    like one. The control: a word only compared is found; one checked first is not."""
+    helpers_dir = Path(__file__).resolve().parents[1] / "helpers"
+    sources = {path.stem: path.read_text() for path in sorted(helpers_dir.glob("*.py"))}
+    assert unchecked_numbers(sources, compared_with_words) == ANY_TEXT_ANSWERED
+    control = {"m": 'def f(towers: str = "gpu", head="tied"):\n    return (towers, head) != ("cpu", "nf4")\n\n'
+                    'def g(ple: str):\n    require_choice(ple, ("gpu", "cpu"), "ple")\n    return ple == "cpu"\n\n'
+                    'def h(path: str):\n    return "," in path\n'}
+    assert unchecked_numbers(control, compared_with_words) == ["m.f(head)", "m.f(towers)"]
 
 
 @pytest.mark.parametrize("call", [
