@@ -80,15 +80,61 @@ def test_a_part_stopped_at_its_deadline_ends_in_time_and_leaves_no_process_behin
     import time
 
     sleeper = "sleep 30.0713"  # a child of the part's shell, in its process group
-    monkeypatch.setattr(card_sweep, "command", lambda shape, cards: ["bash", "-c", f"({sleeper}) & wait"])
+    monkeypatch.setattr(card_sweep, "BUILD_DIR", tmp_path)
+    monkeypatch.setattr(card_sweep, "left_to_run", lambda number: (*card_sweep.parts()[number - 1], ("0[0-3]",)))
+    monkeypatch.setattr(card_sweep, "command", lambda shape, cards, groups: ["bash", "-c", f"({sleeper}) & wait"])
     card_sweep.parts()  # the planner's scan for the edges, cached, is not the part's time
     started = time.monotonic()
-    assert card_sweep.run(1, deadline=0.5, log=tmp_path / "log") == 124
+    assert card_sweep.run([1, 2], deadline=0.5, log=tmp_path / "log") == 124
     assert time.monotonic() - started < 10
     time.sleep(0.2)
-    assert subprocess.run(["pgrep", "-f", sleeper], capture_output=True).returncode == 1  # none left
-    monkeypatch.setattr(card_sweep, "command", lambda shape, cards: ["bash", "-c", "exit 3"])
-    assert card_sweep.run(1, deadline=5) == 3  # the control: a part that ends by itself keeps its status
+    assert subprocess.run(["pgrep", "-f", sleeper], capture_output=True).returncode == 1  # none left, of either part
+    monkeypatch.setattr(card_sweep, "command", lambda shape, cards, groups: ["bash", "-c", "exit 3"])
+    assert card_sweep.run([1], deadline=5) == 3  # the control: a part that ends by itself keeps its status
+
+
+def test_a_part_runs_only_the_cards_and_notebook_groups_left_and_skips_a_part_already_done(tmp_path, monkeypatch):
+    """Part 12 had one notebook left on one card: rerunning its 22 cost a whole call."""
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    for name in ("00_a.ipynb", "05_b.ipynb", "10_c.ipynb"):
+        (notebooks / name).write_text(json.dumps({"cells": [{"cell_type": "code", "source": f"# {name}"}]}))
+    shape, cards = card_sweep.parts()[0]
+    done = {name: {"result": "pass", "code_sha": card_sweep.code_hash(name, notebooks)}
+            for name in ("00_a.ipynb", "05_b.ipynb", "10_c.ipynb")}
+    recorded = {f"{card_sweep.card_label(card)}": dict(done) for card in cards}
+    recorded[card_sweep.card_label(cards[-1])]["10_c.ipynb"] = {"result": "fail", "code_sha": done["10_c.ipynb"]["code_sha"]}
+    (tmp_path / f"notebooks-{shape}.json").write_text(json.dumps({"cards": recorded}))
+    assert card_sweep.left_to_run(1, tmp_path, notebooks) == (shape, (cards[-1],), ("1[0-9]",))
+    del recorded[card_sweep.card_label(cards[0])]["05_b.ipynb"]  # never run there
+    (tmp_path / f"notebooks-{shape}.json").write_text(json.dumps({"cards": recorded}))
+    assert card_sweep.left_to_run(1, tmp_path, notebooks) == (shape, cards, ("0[4-6]", "1[0-9]"))
+    recorded[card_sweep.card_label(cards[0])]["05_b.ipynb"] = done["05_b.ipynb"]
+    assert card_sweep.command(shape, (cards[-1],), ("1[0-9]",))[-1] == "GPU_NOTEBOOK_GROUPS=1[0-9]"
+    assert not any(a.startswith("GPU_NOTEBOOK_GROUPS") for a in card_sweep.command(shape, cards))  # the default: all
+    recorded[card_sweep.card_label(cards[-1])]["10_c.ipynb"]["result"] = "pass"  # the control: nothing left
+    (tmp_path / f"notebooks-{shape}.json").write_text(json.dumps({"cards": recorded}))
+    assert card_sweep.left_to_run(1, tmp_path, notebooks) == (shape, (), ())
+    monkeypatch.setattr(card_sweep, "BUILD_DIR", tmp_path)
+    monkeypatch.setattr(card_sweep, "left_to_run", lambda number: (shape, (), ()))
+    monkeypatch.setattr(card_sweep, "command", lambda *a: ["bash", "-c", "exit 3"])
+    assert card_sweep.run([1], deadline=5) == 0  # nothing started
+
+
+def test_parts_side_by_side_may_not_share_a_card_size_since_the_junit_files_name_only_the_card(capsys):
+    import argparse
+
+    import pytest
+
+    parser = argparse.ArgumentParser()
+    shared = next((a, b) for a, (_, ca) in enumerate(card_sweep.parts(), 1) for b, (_, cb) in enumerate(card_sweep.parts(), 1)
+                  if a < b and set(ca) & set(cb))
+    with pytest.raises(SystemExit):
+        card_sweep.require_parts(list(shared), parser)
+    assert "share a card size" in capsys.readouterr().err
+    apart = next((a, b) for a, (_, ca) in enumerate(card_sweep.parts(), 1) for b, (_, cb) in enumerate(card_sweep.parts(), 1)
+                 if a < b and not set(ca) & set(cb))
+    assert card_sweep.require_parts([*apart, apart[0]], parser) == list(apart)  # the control, asked twice: once
 
 
 def test_a_packed_part_brings_back_the_groups_a_deadline_stopped_before_they_recorded(tmp_path, monkeypatch):
@@ -110,7 +156,7 @@ def test_a_packed_part_brings_back_the_groups_a_deadline_stopped_before_they_rec
     (box / "card-sweep.log").write_text("log")
     monkeypatch.setattr(card_sweep, "GPU_TIER_DIR", box)
     monkeypatch.setattr(card_sweep, "BUILD_DIR", build)
-    bundle = card_sweep.pack(1, tmp_path, box / "card-sweep.log")
+    bundle = card_sweep.pack([1], tmp_path, box / "card-sweep.log")
     assert bundle.name == "part-1.tgz"
 
     monkeypatch.setattr(card_sweep, "GPU_TIER_DIR", here)

@@ -8,14 +8,15 @@ data/gpu-tier/notebooks-<shape>.json, which the README renders as a card x noteb
 
     python tools/card_sweep.py --list      # the parts, one line each
     python tools/card_sweep.py --todo      # the parts whose record is missing a notebook, stale or failing
-    python tools/card_sweep.py 2           # run part 2 here (a GPU machine), recorded
-    python tools/card_sweep.py 2 --pack "$OUT" --deadline 470   # on a lent box: stop in time, one file back
-    python tools/card_sweep.py --unpack part-2.tgz                # here: its record, and any JUnit it did not record
+    python tools/card_sweep.py 2           # run what part 2 has left here (a GPU machine), recorded
+    python tools/card_sweep.py 12 13 --pack "$OUT" --deadline 470   # on a lent box: side by side, stop in time, one file back
+    python tools/card_sweep.py --unpack part-12-13.tgz               # here: the records, and any JUnit they did not record
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import functools
 import json
 import os
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
@@ -100,35 +102,73 @@ def unfinished(shape: str, cards: tuple, folder: Path = GPU_TIER_DIR, notebooks:
     return left
 
 
-def command(shape: str, cards: tuple) -> list:
-    return ["make", "--no-print-directory", "test-gpu-cards", f"GEMMA_MODEL={shape}", f"GPU_CARDS={' '.join(cards)}"]
+# make test-gpu-cards' default GPU_NOTEBOOK_GROUPS: each card's notebooks in four kernels side by side
+NOTEBOOK_GROUPS = ("0[0-3]", "0[4-6]", "0[7-9]", "1[0-9]")
 
 
-def run(number: int, deadline: float | None = None, log: Path | None = None) -> int:
-    """Run part ``number``, recorded; past ``deadline`` seconds its whole process group is stopped, so that a lent
-    machine's call ends with time left to send back what the groups that finished recorded."""
+def command(shape: str, cards: tuple, groups: tuple = NOTEBOOK_GROUPS) -> list:
+    return ["make", "--no-print-directory", "test-gpu-cards", f"GEMMA_MODEL={shape}", f"GPU_CARDS={' '.join(cards)}",
+            *([] if groups == NOTEBOOK_GROUPS else [f"GPU_NOTEBOOK_GROUPS={' '.join(groups)}"])]
+
+
+def left_to_run(number: int, folder: Path = GPU_TIER_DIR, notebooks: Path = NOTEBOOKS_DIR) -> tuple:
+    """What part ``number`` still has to run: (shape, its cards with a notebook left, the notebook groups holding
+    one); a group runs whole, so a notebook already passing beside one that is not runs again."""
     shape, cards = parts()[number - 1]
+    left = unfinished(shape, cards, folder, notebooks)
+    cards_left = tuple(card for card in cards if any(line.startswith(f"{card_label(card)}: ") for line in left))
+    names = {line.split(": ", 1)[1].split(" ", 1)[0] for line in left}  # "4 GB: 00_setup.ipynb not run"
+    groups = tuple(group for group in NOTEBOOK_GROUPS
+                   if any(fnmatch.fnmatch(name, f"{group}*.ipynb") for name in names))
+    return shape, cards_left, groups
+
+
+def run(numbers, deadline: float | None = None, log: Path | None = None) -> int:
+    """Run what parts ``numbers`` have left, recorded, side by side; past ``deadline`` seconds every part's process
+    group is stopped, so that a lent machine's call ends with time left to send back what the groups that finished
+    recorded. 0 when every part ran and passed (or had nothing left), 124 at the deadline, else the first failure."""
+    started = time.monotonic()
+    for junit in BUILD_DIR.glob("nbval-gpu-*.xml"):  # an earlier call's, on a box kept warm: not this run's
+        junit.unlink()
     with open(log, "w") if log else open(os.devnull, "w") as sink:
-        process = subprocess.Popen(command(shape, cards), env={**os.environ, "GPU_RECORD": "1"}, start_new_session=True,
-                                   stdout=sink if log else None, stderr=subprocess.STDOUT if log else None)
-        try:
-            return process.wait(timeout=deadline)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait()
-            print(f"part {number} stopped at its deadline of {deadline:g} s", file=sys.stderr)
-            return 124
+        processes = []
+        for number in numbers:
+            shape, cards, groups = left_to_run(number)
+            if not cards:
+                print(f"part {number}: nothing left to run", file=sink if log else sys.stderr, flush=True)
+                continue
+            processes.append((number, subprocess.Popen(
+                command(shape, cards, groups), env={**os.environ, "GPU_RECORD": "1"}, start_new_session=True,
+                stdout=sink if log else None, stderr=subprocess.STDOUT if log else None)))
+        statuses = []
+        for _, process in processes:
+            left = None if deadline is None else max(0.0, deadline - (time.monotonic() - started))
+            try:
+                statuses.append(process.wait(timeout=left))
+            except subprocess.TimeoutExpired:
+                for _, other in processes:
+                    if other.poll() is None:
+                        os.killpg(other.pid, signal.SIGTERM)
+                        other.wait()
+                print(f"parts {', '.join(str(n) for n, _ in processes)} stopped at the deadline of {deadline:g} s",
+                      file=sys.stderr)
+                return 124
+    return next((status for status in statuses if status), 0)
 
 
-def pack(number: int, folder: Path, log: Path | None = None) -> Path:
-    """One file for the way back (a lent machine returns a few files only): the shape's record, the JUnit files of
-    this run and its log."""
-    shape, _ = parts()[number - 1]
-    target = Path(folder) / f"part-{number}.tgz"
+def bundle_name(numbers) -> str:
+    return "part-" + "-".join(str(number) for number in numbers) + ".tgz"
+
+
+def pack(numbers, folder: Path, log: Path | None = None) -> Path:
+    """One file for the way back (a lent machine returns a few files only): the record of each shape the parts ran,
+    the JUnit files of this run and its log."""
+    target = Path(folder) / bundle_name(numbers)
     with tarfile.open(target, "w:gz") as bundle:
-        record = GPU_TIER_DIR / f"notebooks-{shape}.json"
-        if record.is_file():
-            bundle.add(record, arcname=record.name)
+        for shape in sorted({parts()[number - 1][0] for number in numbers}):
+            record = GPU_TIER_DIR / f"notebooks-{shape}.json"
+            if record.is_file():
+                bundle.add(record, arcname=record.name)
         for junit in sorted(BUILD_DIR.glob("nbval-gpu-*.xml")):
             bundle.add(junit, arcname=f"junit/{junit.name}")
         if log and Path(log).is_file():
@@ -137,41 +177,61 @@ def pack(number: int, folder: Path, log: Path | None = None) -> Path:
 
 
 def unpack(bundle_path: Path) -> list:
-    """Take a packed part in: its record replaces this tree's (it was made from it), then every JUnit file is recorded
-    again, with the environment the record holds for that run, so a group stopped before its own record counts."""
+    """Take a packed run in: each shape's record replaces this tree's (it was made from it), then every JUnit file
+    is recorded again, with the environment the record holds for that run, so a group stopped before its own record
+    counts."""
     from tools import record_nbval
 
-    number = int(Path(bundle_path).name.split("-")[1].split(".")[0])
-    shape, cards = parts()[number - 1]
+    numbers = [int(n) for n in Path(bundle_path).name.removeprefix("part-").removesuffix(".tgz").split("-")]
+    shape_of = {card: shape for number in numbers for shape, cards in [parts()[number - 1]] for card in cards}
     recorded = []
     with tempfile.TemporaryDirectory() as work, tarfile.open(bundle_path) as bundle:
         bundle.extractall(work, filter="data")
         work = Path(work)
-        record = work / f"notebooks-{shape}.json"
-        if not record.is_file():
-            raise SystemExit(f"{bundle_path} holds no notebooks-{shape}.json: the part recorded nothing")
-        entries = [entry for card in json.loads(record.read_text())["cards"].values() for entry in card.values()]
-        (GPU_TIER_DIR / record.name).write_text(record.read_text())
+        entries = {}
+        for shape in sorted(set(shape_of.values())):
+            record = work / f"notebooks-{shape}.json"
+            if not record.is_file():
+                raise SystemExit(f"{bundle_path} holds no notebooks-{shape}.json: the run recorded nothing for {shape}")
+            entries[shape] = [entry for card in json.loads(record.read_text())["cards"].values() for entry in card.values()]
+            (GPU_TIER_DIR / record.name).write_text(record.read_text())
         if (work / LOG).is_file():
-            (GPU_TIER_DIR / f"notebooks-{shape}-{'-'.join(cards)}.log").write_text((work / LOG).read_text())
-        part_command = "GPU_RECORD=1 " + " ".join(command(shape, cards))
+            cards = [card for number in numbers for card in parts()[number - 1][1]]
+            shapes = "-".join(sorted(set(shape_of.values())))
+            (GPU_TIER_DIR / f"notebooks-{shapes}-{'-'.join(cards)}.log").write_text((work / LOG).read_text())
         for junit in sorted((work / "junit").glob("nbval-gpu-*.xml")):
             card = junit.name.removeprefix("nbval-gpu-").rsplit("-", 1)[0]
+            shape = shape_of.get(card)
             date = record_nbval.run_date(junit)
-            same_run = [e for e in entries if e.get("date") == date and "gpu" in e]
+            same_run = [e for e in entries.get(shape, []) if e.get("date") == date and "gpu" in e]
             if not same_run:
                 continue
             environment = work / "environment.jsonl"
             environment.write_text(json.dumps({key: same_run[-1][key] for key in ("gpu", "gpu_total_bytes", "versions")}))
             os.environ.update(CARD_GB="" if card == "uncapped" else card, GEMMA_MODEL=shape)
+            part_cards = next(cards for number in numbers for _, cards in [parts()[number - 1]] if card in cards)
+            part_command = "GPU_RECORD=1 " + " ".join(command(shape, part_cards))
             record_nbval.main([str(junit), "--environment-from", str(environment), "--command", part_command])
             recorded.append(junit.name)
     return recorded
 
 
+def require_parts(numbers, parser) -> list:
+    """The parts asked for, each once; side by side they must not share a card label (the JUnit files name the card,
+    not the shape)."""
+    for number in numbers:
+        if not 1 <= number <= len(parts()):
+            parser.error(f"part {number} does not exist: choose 1 to {len(parts())} (--list names them)")
+    numbers = list(dict.fromkeys(numbers))
+    cards = [card for number in numbers for card in parts()[number - 1][1]]
+    if len(cards) != len(set(cards)):
+        parser.error(f"parts {', '.join(map(str, numbers))} share a card size; run them one after the other")
+    return numbers
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", nargs="?", type=int, help=f"the part to run, 1 to {len(parts())}")
+    parser.add_argument("part", nargs="*", type=int, help=f"the parts to run side by side, 1 to {len(parts())}")
     parser.add_argument("--list", action="store_true", help="print the parts and their commands")
     parser.add_argument("--todo", action="store_true", help="print the parts still to run on the notebooks as they are")
     parser.add_argument("--deadline", type=float, help="stop the part after this many seconds (what finished counts)")
@@ -187,17 +247,16 @@ def main(argv=None) -> int:
             print(f"part {number}: {len(left)} to run ({'; '.join(left[:3])}{'; ...' if len(left) > 3 else ''})")
         print(f"{len(todo)} of {len(parts())} parts to run" if todo else "every part is recorded passing on today's notebooks")
         return 0
-    if args.list or args.part is None:
+    if args.list or not args.part:
         for number, (shape, cards) in enumerate(parts(), 1):
             print(f"{number}: {shape} on {', '.join(c if c == 'uncapped' else c + ' GB' for c in cards)}: GPU_RECORD=1 "
                   + " ".join(command(shape, cards)))
         return 0
-    if not 1 <= args.part <= len(parts()):
-        parser.error(f"part {args.part} does not exist: choose 1 to {len(parts())} (--list names them)")
+    numbers = require_parts(args.part, parser)
     log = Path(args.pack) / LOG if args.pack else None
-    status = run(args.part, args.deadline, log)
+    status = run(numbers, args.deadline, log)
     if args.pack:
-        print(f"packed {pack(args.part, args.pack, log)}")
+        print(f"packed {pack(numbers, args.pack, log)}")
     return status
 
 
