@@ -25,7 +25,7 @@ import torch
 from transformers.cache_utils import StaticSlidingWindowLayer
 
 from . import placement
-from .errors import InvalidChoiceError, TunedDecodeError, require_bool, require_choice, require_whole_number
+from .errors import InvalidChoiceError, NoRecordError, RecordFileError, TunedDecodeError, require_bool, require_choice, require_whole_number
 from .long_context import cache_argument, new_cache, require_prompt
 from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
 from .quantization import QUANTS, quant_of
@@ -815,4 +815,10 @@ def _union_us(intervals: list) -> float:
 
 def trace_events(trace_path) -> list:
     """The events of a Chrome trace written by ``profile`` (what Perfetto shows)."""
-    return json.loads(Path(trace_path).read_text())["traceEvents"]
+    path = Path(trace_path)
+    if not path.is_file():
+        raise NoRecordError(f"No trace at {path}: profile(...) writes one and names it in its summary's trace.")
+    try:
+        return json.loads(path.read_text())["traceEvents"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise RecordFileError(f"{path} is no whole Chrome trace: run profile(...) again to write it.") from None

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from . import loading, placement
-from .errors import InvalidChoiceError, require_bool, require_number, require_positive_number, require_whole_number
+from .errors import InvalidChoiceError, ModelNotFoundError, require_bool, require_number, require_positive_number, require_whole_number
 
 # The attention and MLP projections of the text decoder. The towers' projections carry the same names
 # but are Gemma4ClippableLinear wrappers, which peft refuses as LoRA targets; the tables are lookups.
@@ -371,7 +371,7 @@ def load_beside(model, folder, name: str = "reloaded") -> str:
     """Load a saved adapter beside the ones ``model`` has, on the same base (no second copy of the weights), and
     make it the active one; ``model.set_adapter("default")`` switches back."""
     placement.require_model(model)
-    model.load_adapter(Path(folder), adapter_name=name)
+    model.load_adapter(require_adapter_folder(folder), adapter_name=name)
     model.set_adapter(name)
     return name
 
@@ -383,6 +383,15 @@ def merge(model):
     return model.merge_and_unload()
 
 
+def require_adapter_folder(folder) -> Path:
+    """``folder`` if it holds a saved adapter, else one sentence (peft's own error comes from deep in a load)."""
+    if not isinstance(folder, (str, Path)) or not (Path(folder) / "adapter_model.safetensors").is_file():
+        shown = str(folder) if isinstance(folder, (str, Path)) else repr(folder)
+        raise ModelNotFoundError(f"No saved adapter at {shown} (no adapter_model.safetensors in it): save one with "
+                                 f"fine_tuning.save_adapter(model, folder) first.")
+    return Path(folder)
+
+
 def adapter_bytes(folder) -> int:
     """Bytes of the saved adapter file (what you share instead of the whole model)."""
-    return (Path(folder) / "adapter_model.safetensors").stat().st_size
+    return (require_adapter_folder(folder) / "adapter_model.safetensors").stat().st_size

@@ -158,6 +158,8 @@ def check_weight_files(path: Path) -> Path:
             names = sorted(set(names) | set(json.loads(index.read_text())["weight_map"].values()))
         except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
             raise CorruptCheckpointError(f"{index} is truncated or corrupt ({type(err).__name__}); {_repair_hint(path)}.") from None
+    if not names:
+        raise CorruptCheckpointError(f"{path} holds no .safetensors weights; {_repair_hint(path)}.")
     for name in names:
         shard = path / name
         if not shard.is_file():

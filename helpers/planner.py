@@ -40,6 +40,7 @@ from .cards import CARDS, SYSTEM_RAM_ALLOWANCE_BYTES, budget_bytes
 from .errors import (
     CourseError,
     InvalidChoiceError,
+    NoRecordError,
     RecordFileError,
     brief,
     require_bool,
@@ -198,7 +199,7 @@ def logits_bytes(config, positions: int, bytes_per_value: int = 2) -> int:
 def _read_calibration(path, what: str, measured_by: str) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"No {what} at {path}: run `python -m helpers.planner calibrate` after `{measured_by}` on a GPU.")
+        raise NoRecordError(f"No {what} at {path}: run `python -m helpers.planner calibrate` after `{measured_by}` on a GPU.")
     return read_json(path)
 
 

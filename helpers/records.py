@@ -27,7 +27,7 @@ class CutRecordNotice(UserWarning):
 def record_lines(path: Path) -> list:
     """The JSON records of one ``.jsonl`` file. A last line without its newline that does not parse was cut by a kill
     mid-append: it is skipped, with a notice. Any other line that does not parse is refused in one sentence."""
-    text = Path(path).read_text()
+    text = require_record_file(path).read_text()
     lines = text.split("\n")
     records = []
     for number, line in enumerate(lines, 1):
@@ -45,9 +45,28 @@ def record_lines(path: Path) -> list:
     return records
 
 
-def read_json(path) -> dict:
-    """A JSON record file, or one sentence where it is cut short or not JSON (a kill mid-write, a hand edit)."""
+def require_record_file(path) -> Path:
+    """``path`` if it is a file, else one sentence: a record the course reads is missing, or a folder stands there."""
     path = Path(path)
+    if not path.is_file():
+        raise NoRecordError(f"No record file at {path} ({'a folder' if path.is_dir() else 'nothing'} is there): restore "
+                            f"it with git checkout -- {path.name}, or run the command that writes it.")
+    return path
+
+
+def require_record_folder(directory) -> Path:
+    """``directory`` if it is a folder, else one sentence (a mistyped folder would read as "nothing recorded yet")."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise NoRecordError(f"No folder of records at {directory}: pass one of the course's data/ folders (records' "
+                            f"defaults), or the folder the benchmark wrote.")
+    return directory
+
+
+def read_json(path) -> dict:
+    """A JSON record file, or one sentence where it is missing, cut short or not JSON (a kill mid-write, a hand
+    edit)."""
+    path = require_record_file(path)
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as error:
@@ -63,13 +82,12 @@ def require_preset(preset) -> str:
 
 
 def every_record(directory: Path = MEASUREMENTS_DIR, preset: str | None = None):
-    """Every benchmark record, in file order (``preset``: that preset's only)."""
+    """Every benchmark record, in file order (``preset``: that preset's only); the folder and preset are checked
+    before the first record is read."""
     if preset is not None:
         require_preset(preset)
-    for path in sorted(Path(directory).glob("*.jsonl")):
-        for record in record_lines(path):
-            if not preset or record.get("preset") == preset:
-                yield record
+    files = sorted(require_record_folder(directory).glob("*.jsonl"))
+    return (record for path in files for record in record_lines(path) if not preset or record.get("preset") == preset)
 
 
 def latest_records(directory: Path = MEASUREMENTS_DIR, preset: str | None = None) -> list:
@@ -278,7 +296,7 @@ def gpu_tier_file(name: str, directory: Path = GPU_TIER_DIR) -> dict:
 
 def fine_tuning_records(directory: Path = GPU_TIER_DIR) -> list:
     """The GPU tier's fine-tuning records (``tools/fine_tuning_bench.py``), in name order."""
-    return [read_json(path) for path in sorted(Path(directory).glob("fine-tuning-*.json"))]
+    return [read_json(path) for path in sorted(require_record_folder(directory).glob("fine-tuning-*.json"))]
 
 
 def training_peaks(model: str = "e4b-shape", directory: Path = GPU_TIER_DIR) -> dict:

@@ -9,6 +9,7 @@ import ast
 import contextlib
 import functools
 import importlib
+import inspect
 import io
 import re
 import shutil
@@ -452,6 +453,25 @@ CASES += [
      "InvalidChoiceError", "towers="),
     ("an output head in 'fp8'", lambda i: placement.output_head(torch.zeros(4, 8), "fp8", torch.device("cpu")),
      "InvalidChoiceError", "head="),
+]
+
+# paths that are missing, or a folder where a file is read (or the other way round)
+CASES += [
+    ("planner calibration that is not there", lambda i: planner.load_calibration(i.root / "no-calibration.json"),
+     "NoRecordError", "calibrate"),
+    ("record JSON that is a folder", lambda i: records.read_json(i.root), "NoRecordError", "a folder"),
+    ("record lines of a missing file", lambda i: records.record_lines(i.root / "none.jsonl"), "NoRecordError", "nothing"),
+    ("records folder that is a file", lambda i: records.latest_records(i.a_file()), "NoRecordError", "folder of records"),
+    ("cited speeds from a missing folder", lambda i: records.cited_decode_speeds(i.root / "no-folder"), "NoRecordError",
+     "decode-speeds.json"),
+    ("checkpoint folder without weights", lambda i: models.check_weight_files(i.root), "CorruptCheckpointError",
+     ".safetensors"),
+    ("adapter size of a folder never saved", lambda i: fine_tuning.adapter_bytes(i.root / "no-adapter"), "ModelNotFoundError",
+     "save_adapter"),
+    ("adapter loaded from a folder never saved", lambda i: fine_tuning.load_beside(i.model, i.root / "no-adapter"),
+     "ModelNotFoundError", "save_adapter"),
+    ("trace that profile never wrote", lambda i: decoding.trace_events(i.root / "no-trace.json"), "NoRecordError",
+     "profile"),
 ]
 
 
@@ -917,3 +937,87 @@ def test_a_real_boolean_is_still_taken_where_the_strings_are_refused():
 
     assert "--no-browser" in course.lab_command("python", browser=False)
     assert "--no-browser" not in course.lab_command("python", browser=True)
+
+
+# path parameters of functions that need nothing else: which answers are not silent
+PATH_WORDS = ("path", "folder", "directory", "dest", "destination", "model_dir", "home")
+# a link to the path; a folder it makes where missing; why a folder cannot be written, found either way
+ANSWERS_ABOUT_THE_PATH = {"links.page_url", "paths.writable_folder", "environment.write_problem"}
+DIGESTS_OF_FILES_FOUND = {"checksums.sha256", "checksums.git_blob_sha1"}  # the mirror's and verify's, after they list
+STARTS_WORK = {"course.setup", "course.lab", "mirror.serve", "mirror.start", "synthetic.build", "download.download"}
+
+
+def path_answers(functions, root: Path) -> dict:
+    """``{"module.function(parameter=missing|a-file)": "clear" | "empty" | "bare ..." | "silent ..."}`` for each
+    function of ``functions`` whose only required argument is a path, called with a path that does not exist and
+    with a file where a folder may be meant."""
+    a_file = root / "a-file"
+    a_file.write_text("not what you think")
+    found = {}
+    for qualified, function in functions:
+        parameters = list(inspect.signature(function).parameters.values())
+        required = [p.name for p in parameters if p.default is inspect.Parameter.empty
+                    and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        for parameter in parameters:
+            if not any(parameter.name == w or parameter.name.endswith("_" + w) for w in PATH_WORDS):
+                continue
+            if set(required) - {parameter.name}:
+                continue
+            for number, bad in enumerate((root / f"missing-{len(found)}", a_file)):
+                key = f"{qualified}({parameter.name}={'a-file' if number else 'missing'})"
+                try:
+                    returned = function(**{parameter.name: bad})
+                    found[key] = ("empty" if returned is False or (not returned and returned is not None)
+                                  else "a file taken" if number and returned == bad  # require_record_file's answer
+                                  else f"silent {repr(returned)[:60]}")
+                except errors.CourseError as error:
+                    found[key] = "clear" if "\n" not in str(error).strip() else "several lines"
+                except Exception as error:  # noqa: BLE001 - what the test is for
+                    found[key] = f"bare {type(error).__name__}: {str(error)[:60]}"
+    return found
+
+
+def public_functions():
+    import importlib
+    import pkgutil
+
+    import helpers
+
+    for info in pkgutil.iter_modules(helpers.__path__):
+        module = importlib.import_module(f"helpers.{info.name}")
+        for name, function in vars(module).items():
+            qualified = f"{info.name}.{name}"
+            if (not name.startswith("_") and inspect.isfunction(function) and function.__module__ == module.__name__
+                    and qualified not in STARTS_WORK):
+                yield qualified, function
+
+
+def test_every_function_taking_only_a_path_answers_a_missing_one_and_a_file_for_a_folder_in_one_sentence(tmp_path):
+    """``planner.load_calibration`` of a missing file raised a bare FileNotFoundError, ``records.read_json`` of a folder
+    an IsADirectoryError, ``fine_tuning.adapter_bytes`` and ``decoding.trace_events`` likewise, and a records folder
+    that is a file read as "nothing recorded": each function of helpers whose only required argument is a path
+    answers with one sentence, or with an empty answer (False, no records), never a bare exception and never a
+    value read from nowhere. The control: a function that reads the path blindly is reported bare."""
+    import os
+
+    saved = dict(os.environ)
+    try:
+        found = path_answers(public_functions(), tmp_path)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert len({key.split("(")[0] for key in found}) >= 40  # the walk reaches the readers
+    wrong = {key: answer for key, answer in found.items() if answer not in ("clear", "empty", "a file taken")
+             and key.split("(")[0] not in ANSWERS_ABOUT_THE_PATH | DIGESTS_OF_FILES_FOUND}
+    assert wrong == {}
+
+    def blind(path):
+        return Path(path).read_text()
+
+    def named(directory):
+        return f"{directory}/x"
+
+    (tmp_path / "control").mkdir()
+    control = path_answers([("m.blind", blind), ("m.named", named)], tmp_path / "control")
+    assert control["m.blind(path=missing)"].startswith("bare FileNotFoundError")
+    assert control["m.named(directory=missing)"].startswith("silent")
