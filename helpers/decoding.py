@@ -7,7 +7,8 @@ graph can replay), and the step captured once per phase as a ``torch.cuda.CUDAGr
 the same kernels, so the same bits. Sliding-window counters are pinned around the step so that a graph is not
 recorded per token, and the PLE rows and masks are prepared outside it; ``PLE_OPTIONS`` lists ways to avoid even that.
 ``Decoder(host_free=True)`` takes one: the step reads its own token, gathers its rows from tables the GPU reads in
-place, and writes its successor; the masks are made before the loop, so the host never waits inside it.
+place, writes its successor and advances its own position, from which it makes its masks on the device; the host
+only queues replays and never waits inside the loop.
 """
 
 from __future__ import annotations
@@ -442,6 +443,8 @@ class TunedGreedy:
                                        f"cannot map that table's host pages here: decode with Decoder().")
             self.eos_index = torch.tensor(self.eos, dtype=torch.long, device=self.device)
             self.next_token = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+            self.position = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+            self._aranges, self._mask_aranges = {}, {}
         forward = self._host_free_forward if settings.host_free else model.forward
         self.graphs = StepGraphs(forward, self.device) if settings.compile == "cudagraphs" else None
         self._cache, self._cache_len = None, None
@@ -498,26 +501,36 @@ class TunedGreedy:
         """``_next_token`` with the stop ids as a tensor made once: no list copied from the host inside a graph."""
         return logits.clone().index_fill_(-1, self.eos_index, -float("inf")).argmax(-1, keepdim=True)
 
-    def _host_free_forward(self, token, **inputs):
-        """One step from the token the previous step chose, in place: its rows gathered on the GPU, its successor
-        written into ``next_token`` for the next step (a captured graph writes the same address at each replay)."""
-        out = self.model(**text_inputs(self.model, token), **inputs)
+    def _host_free_forward(self, **inputs):
+        """One step from the token the previous step chose, in place: its rows gathered on the GPU, its masks made
+        from its position (``_graph_masks``) unless they are passed, its successor written into ``next_token`` and
+        its position advanced for the next step (a captured graph reads and writes the same addresses each replay)."""
+        if "attention_mask" not in inputs:
+            inputs["attention_mask"] = self._graph_masks()
+        out = self.model(**text_inputs(self.model, self.next_token), position_ids=self.position, **inputs)
         self.next_token.copy_(self._pick(out.logits[:, -1]))
+        self.position.add_(1)
         return out
 
-    def _masks_ahead(self, cache, mask_2d, positions: list, start: int) -> list:
-        """The masks of every decode step, made before the loop: transformers reads its masks on the host
-        (``padding_mask.all()``), a wait per token inside it. Each is made with the cache's counters (the layers'
-        ``cumulative_length`` tensors and the sliding layers' ints, all the masks read) as they will stand at that
-        step, so they are the masks the step would make itself; the counters are put back after."""
+    def _graph_masks(self) -> dict:
+        """Each attention mask of the step from ``position`` on the device: ``arange(size) <= position`` (keys up to
+        the step's own), the rule ``_mask_sizes`` checked against transformers' masks before the loop."""
+        return {name: None if arange is None else arange <= self.position.view(1, 1, 1, 1)
+                for name, arange in self._mask_aranges.items()}
+
+    def _masks_at(self, cache, mask_2d, steps, start: int) -> list:
+        """transformers' masks of the decode steps ``steps`` (0: the step at position ``start``), made on the host
+        with the cache's counters (the layers' ``cumulative_length`` tensors and the sliding layers' ints, all the
+        masks read) as they will stand at that step; the counters are put back after."""
         counters = [(layer, name, getattr(layer, name)) for layer in cache.layers
                     for name in ("cumulative_length", "cumulative_length_int") if hasattr(layer, name)]
         empty = torch.empty((1, 1, 0), dtype=self.model.dtype, device=self.device)
         masks = []
         try:
-            for step, position in enumerate(positions):
+            for step in steps:
                 for layer, name, count in counters:
                     setattr(layer, name, count + step)  # a new tensor for a tensor counter: the original stays as is
+                position = torch.full((1, 1), start + step, dtype=torch.long, device=self.device)
                 masks.append(self.model.create_masks_for_generate(self.model.config, empty,
                                                                   mask_2d[:, :start + step + 1], cache, position))
         finally:
@@ -525,22 +538,61 @@ class TunedGreedy:
                 setattr(layer, name, count)
         return masks
 
+    def _masks_ahead(self, cache, mask_2d, positions: list, start: int) -> list:
+        """The masks of every decode step, made before the loop (transformers reads its masks on the host,
+        ``padding_mask.all()``, a wait per token inside it): where ``_mask_sizes`` finds no rule for them."""
+        return self._masks_at(cache, mask_2d, range(len(positions)), start)
+
+    def _mask_sizes(self, cache, mask_2d, start: int, new_tokens: int) -> dict | None:
+        """``{mask name: its size}`` (``None`` for a mask transformers leaves out) when each of transformers' masks
+        is ``arange(size) <= position``, checked at the steps where it could turn: the first two, those around
+        each size (a sliding window filling) and the last; ``None`` when a mask follows another rule (other
+        attention, padding), and the masks are made ahead instead."""
+        if new_tokens < 2:
+            return {}
+        first = self._masks_at(cache, mask_2d, [0], start)[0]
+        if not isinstance(first, dict):
+            return None
+        sizes = {}
+        for name, mask in first.items():
+            if mask is not None and (mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape[:3]) != (1, 1, 1)):
+                return None
+            sizes[name] = None if mask is None else mask.shape[-1]
+        turns = {0, 1, new_tokens - 2} | {size - start + d for size in sizes.values() if size for d in (-2, -1, 0)}
+        steps = sorted(step for step in turns if 0 <= step < new_tokens - 1)
+        for step, masks in zip(steps, self._masks_at(cache, mask_2d, steps, start)):
+            if not isinstance(masks, dict) or masks.keys() != sizes.keys():
+                return None
+            for name, mask in masks.items():
+                rule = None if sizes[name] is None else torch.arange(sizes[name], device=self.device) <= start + step
+                if (mask is None) != (rule is None) or (rule is not None and not torch.equal(mask.flatten(), rule)):
+                    return None
+        return sizes
+
     def _decode_host_free(self, logits, start: int, new_tokens: int, keep_logits: bool, cache, mask_2d) -> tuple:
-        """The decode loop of ``Decoder(host_free=True)`` after the prefill's ``logits``: (tokens, kept logits)."""
-        positions = list(torch.arange(start, start + new_tokens - 1, device=self.device).view(-1, 1, 1))
+        """The decode loop of ``Decoder(host_free=True)`` after the prefill's ``logits``: (tokens, kept logits). The
+        host only queues: each step's token, position and masks are made on the device by the step before."""
         produced = torch.zeros(new_tokens, dtype=torch.long, device=self.device)
         vocabulary = self.model.get_output_embeddings().out_features
         kept = torch.empty((new_tokens, vocabulary), dtype=torch.float32,
                            pin_memory=self.device.type == "cuda") if keep_logits else None
-        masks = self._masks_ahead(cache, mask_2d, positions, start)
+        sizes = self._mask_sizes(cache, mask_2d, start, new_tokens)
+        masks = None
+        if sizes is None:
+            masks = self._masks_ahead(cache, mask_2d, list(range(new_tokens - 1)), start)
+        else:  # one arange per mask, kept for good: a captured graph holds its address
+            self._mask_aranges = {name: None if size is None else self._aranges.setdefault(
+                size, torch.arange(size, device=self.device).view(1, 1, 1, size)) for name, size in sizes.items()}
+        self.position.fill_(start)
         self.next_token.copy_(self._pick(logits))
         for step in range(new_tokens):
             produced[step:step + 1].copy_(self.next_token[0])
             if keep_logits:
                 kept[step].copy_(logits[0].float(), non_blocking=True)
             if step + 1 < new_tokens:
-                inputs = {"token": self.next_token, "attention_mask": masks[step], "position_ids": positions[step],
-                          "use_cache": True, "logits_to_keep": 1, self.cache_name: cache}
+                inputs = {"use_cache": True, "logits_to_keep": 1, self.cache_name: cache}
+                if masks is not None:
+                    inputs["attention_mask"] = masks[step]
                 if self.graphs is not None:
                     logits = self.graphs(cache, inputs)
                 else:
@@ -618,6 +670,7 @@ def loop_host_reads(model, ids: torch.Tensor, settings: Decoder, new_tokens: int
         tuned = TunedGreedy(model, settings)
         tuned.greedy(ids, min(4, new_tokens))  # the first step of each phase captures: counted apart from the loop
         tuned._prefill, tuned._masks_ahead = uncounted(tuned._prefill), uncounted(tuned._masks_ahead)
+        tuned._mask_sizes = uncounted(tuned._mask_sizes)  # the rule's check, before the loop
         with count_host_reads() as counter:
             live["counter"] = counter
             tuned.greedy(ids, new_tokens)

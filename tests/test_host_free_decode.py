@@ -1,10 +1,12 @@
 """The host-free decode step (``Decoder(host_free=True)``) on tiny on the CPU: the token the step chooses feeds the
-next step in place, positions and masks are made before the loop, and nothing in the loop reads a tensor on the
-host. The same logits as generate with a static cache, bit for bit, beside a control whose masks are one step
-late. The GPU's part (the tables read in place, the graph replays queued without waiting) is measured by make bench."""
+next step in place, the step advances its own position and makes its masks from it on the device, and nothing in
+the loop reads a tensor on the host. The same logits as generate with a static cache, bit for bit, beside a control
+whose masks are one step late. The GPU's part (the tables read in place, the graph replays queued without waiting)
+is measured by make bench."""
 
 
 import pytest
+import torch
 import transformers
 from packaging.version import Version
 
@@ -41,20 +43,70 @@ def test_the_host_free_step_gives_the_logits_of_generate_with_a_static_cache_bit
     with measure.math_attention():
         tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=compile_mode, host_free=True))
         runs = [tuned.greedy(ids, NEW, keep_logits=True) for _ in range(2)]  # the second from a cache reset in place
+    assert any(arange is not None for arange in tuned._mask_aranges.values())  # the masks came from the position
     for run in runs:
         assert measure.compare_logits(expected.logits, run.logits, steps)["identical"]
         assert run.tokens == expected.tokens
 
 
-def test_masks_made_one_step_late_are_told_apart(model, ids, reference, monkeypatch):
+@pytest.mark.parametrize("prompt", [4, 32], ids=["window-fills-while-decoding", "window-full-from-the-prompt"])
+def test_transformers_masks_are_the_positions_rule_at_every_step_and_the_logits_stay_identical(model, ids, prompt):
+    """The rule the step makes its masks by, held against transformers' own masks at each of the run's steps: tiny's
+    sliding window (8) fills during the decode of a 4-token prompt and before that of a 32-token one, and the full
+    mask grows in both."""
+    ids = ids[:, :prompt]
+    tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=None, host_free=True))
+    cache = tuned.cache(prompt + NEW)
+    mask_2d = torch.ones((1, prompt + NEW), dtype=torch.long)
+    with torch.no_grad():
+        tuned._prefill(ids, cache)
+    sizes = tuned._mask_sizes(cache, mask_2d, prompt, NEW)
+    assert sizes and len({size for size in sizes.values() if size}) == 2  # a sliding and a full mask
+    for late in (0, 1):  # 1: the control, every mask one position late
+        agree = []
+        for step, masks in enumerate(tuned._masks_at(cache, mask_2d, range(NEW - 1), prompt)):
+            for name, mask in masks.items():
+                agree.append(torch.equal(mask.flatten(), torch.arange(sizes[name]) <= prompt + step - late))
+        assert all(agree) if not late else not all(agree)
+    with measure.math_attention():
+        expected = decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
+        run = tuned.greedy(ids, NEW, keep_logits=True)
+    assert run.tokens == expected.tokens and measure.compare_logits(expected.logits, run.logits, NEW)["identical"]
+
+
+def test_masks_of_another_rule_are_made_ahead_and_still_give_the_same_logits(model, ids, reference, monkeypatch):
+    """Where transformers' masks are not ``arange(size) <= position`` (other attention, padding), the step takes
+    masks made before the loop: here float masks posing as another rule must make ``_mask_sizes`` give up."""
     expected, steps = reference
-    ahead = decoding.TunedGreedy._masks_ahead
+    real = decoding.TunedGreedy._masks_at
+    monkeypatch.setattr(decoding.TunedGreedy, "_masks_at", lambda self, *a: [
+        {k: None if m is None else m.float() for k, m in masks.items()} for masks in real(self, *a)])
+    tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=None, host_free=True))
+    cache = tuned.cache(ids.shape[1] + NEW)
+    assert tuned._mask_sizes(cache, torch.ones((1, ids.shape[1] + NEW), dtype=torch.long), ids.shape[1], NEW) is None
+    monkeypatch.setattr(decoding.TunedGreedy, "_masks_at", real)
+    monkeypatch.setattr(decoding.TunedGreedy, "_mask_sizes", lambda self, *a: None)
+    with measure.math_attention():
+        run = tuned.greedy(ids, NEW, keep_logits=True)
+    assert measure.compare_logits(expected.logits, run.logits, steps)["identical"]
 
-    def late(self, cache, mask_2d, positions, start):
-        masks = ahead(self, cache, mask_2d, positions, start)
-        return masks[:1] + masks[:-1]  # every step after the first gets the previous step's masks
 
-    monkeypatch.setattr(decoding.TunedGreedy, "_masks_ahead", late)
+@pytest.mark.parametrize("path", ["position", "ahead"])
+def test_masks_one_step_late_are_told_apart(model, ids, reference, monkeypatch, path):
+    expected, steps = reference
+    if path == "position":
+        monkeypatch.setattr(decoding.TunedGreedy, "_graph_masks", lambda self: {
+            name: None if arange is None else arange <= self.position.view(1, 1, 1, 1) - 1
+            for name, arange in self._mask_aranges.items()})
+    else:
+        ahead = decoding.TunedGreedy._masks_ahead
+
+        def late(self, cache, mask_2d, positions, start):
+            masks = ahead(self, cache, mask_2d, positions, start)
+            return masks[:1] + masks[:-1]  # every step after the first gets the previous step's masks
+
+        monkeypatch.setattr(decoding.TunedGreedy, "_mask_sizes", lambda self, *a: None)
+        monkeypatch.setattr(decoding.TunedGreedy, "_masks_ahead", late)
     with measure.math_attention():
         run = decoding.TunedGreedy(model, decoding.Decoder(compile=None, host_free=True)).greedy(ids, NEW, keep_logits=True)
     assert not measure.compare_logits(expected.logits, run.logits, steps)["identical"]
