@@ -232,3 +232,28 @@ def test_fused_norms_keep_their_own_forward_off_cuda_and_are_restored():
         assert torch.equal(model(x), before)
         assert exact_norm.fuse_norms(model).modules == []  # swapped once only
     assert all("forward" not in vars(m) for m in model) and torch.equal(model(x), before)
+
+
+# ------------------------------------------------------------------ the GPU probe's verdict
+
+
+def probe_record(eager_vs_fused_differ: int, control_differ: int) -> dict:
+    checks = {"eager_vs_fused": {"compared": 9, "differ": eager_vs_fused_differ},
+              "control_one_ulp": {"compared": 9, "differ": control_differ}}
+    mean = {"order": {}, "torch.bfloat16": {"aten_vs_emulation": {"compared": 9, "differ": 0},
+                                            "aten_vs_divide_by_n": {"compared": 9, "differ": 3}}}
+    return {"shapes": {"[1, 1, 2560] scale=True": {"mean": mean, "norm": {
+        "torch.bfloat16": checks, "decode_input_takes_the_kernel": True}}},
+        "step": {"graph_outputs_identical": True}}
+
+
+def test_the_probe_calls_equal_bits_identical_and_sees_a_difference_or_a_blind_control():
+    from conftest import tool
+
+    verdict = tool("exact_norm_probe").verdict
+    assert verdict(probe_record(0, 9)) == "bit-identical"
+    assert verdict(probe_record(1, 9)) == "DIFFERS"  # the controls: one differing sample, a control that saw nothing
+    assert verdict(probe_record(0, 0)).startswith("control failed")
+    failed = probe_record(0, 9)
+    failed["shapes"]["[1, 1, 2560] scale=True"]["norm"] = {"error": "Traceback ...\nRuntimeError: boom"}
+    assert verdict(failed).startswith("incomplete")
