@@ -217,6 +217,32 @@ def test_one_ulp_of_one_input_changes_the_triton_kernels_mean(interpreted):
     assert interpreted["nudged_rows_equal"] == [True, False]
 
 
+def test_the_kernel_compiles_for_an_h100_without_fma_and_with_the_rsqrt_cuda_uses():
+    """Compiled for sm_90 here (no GPU needed): every add and multiply is a lone .rn instruction (no fma: the
+    squares, the factor and eps stay separate roundings, as in ATen's separate kernels), one rsqrt.approx (what
+    rsqrtf is), bf16 stores rounded to nearest even."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = exact_norm._triton_kernel(False)
+    order = exact_norm.mean_order(1, 2560)
+    constants = {"N": 2560, "BLOCK_X": order.block_x, "LEVELS": order.levels, "CHUNKS": order.chunks,
+                 "HAS_WEIGHT": True, "WRITE_MEAN": False, "INTERPRET": False}
+    signature = {"x_ptr": "*bf16", "w_ptr": "*fp32", "out_ptr": "*bf16", "mean_ptr": "*fp32", "factor": "fp32",
+                 "eps": "fp32", **dict.fromkeys(constants, "constexpr")}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(k),): v for k, v in constants.items()})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}).asm["ptx"]
+    assert not re.findall(r"\bfma\.", ptx) and re.findall(r"\badd\.rn\.f32", ptx) and re.findall(r"\bmul\.rn\.f32", ptx)
+    assert len(re.findall(r"rsqrt\.approx", ptx)) == 1 and re.findall(r"cvt\.rn\.bf16\.f32", ptx)
+    fused = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": True}).asm["ptx"]
+    assert re.findall(r"\bfma\.", fused)  # the control: with fusion allowed, x*x + acc becomes an fma
+
+
 # ------------------------------------------------------------------ the swap
 
 
