@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import require_model
+from .errors import InvalidChoiceError, require_model, require_number, require_whole_number
 
 WARP_SIZE = 32  # at::cuda::warp_size() on NVIDIA cards
 MAX_THREADS = 512  # mnt_wrapper<float>::MAX_NUM_THREADS in Reduce.cuh
@@ -39,7 +39,7 @@ tl = None  # triton.language, bound by _triton_kernel() on first use (the kernel
 libdevice = None  # triton.language.extra.libdevice, likewise
 
 
-class UnderivedShapeError(ValueError):
+class UnderivedShapeError(InvalidChoiceError):
     """A reduction whose ATen launch configuration falls outside the case docs/exact-norm.md derives."""
 
 
@@ -73,8 +73,7 @@ def mean_order(rows: int, n: int) -> MeanOrder:
     """ATen's setReduceConfig for ``x.mean(-1)`` of a contiguous fp32 ``[rows, n]`` tensor on CUDA, where the
     result is the case derived in docs/exact-norm.md: input vectorized by 4 along the row, one row per
     threadIdx.y, no split across warps or blocks. Any other case raises ``UnderivedShapeError``."""
-    if not (isinstance(rows, int) and isinstance(n, int)) or rows < 1 or n < 1:
-        raise UnderivedShapeError(f"rows={rows!r}, n={n!r}: a mean over [rows, n] needs two whole numbers above zero.")
+    rows, n = require_whole_number(rows, "rows"), require_whole_number(n, "n")
     if n < 128 or n % VEC:
         raise UnderivedShapeError(f"a row of {n} floats: ATen does not vectorize it by {VEC} without a tail "
                                   f"(needs n >= 128 and n % {VEC} == 0), an order not derived here.")
@@ -119,8 +118,8 @@ def aten_mean_order(squares: torch.Tensor, *, rows: int | None = None) -> torch.
                                   "the eager norm takes the mean of fp32 squares.")
     n = squares.shape[-1]
     total = squares.numel() // n if n else 0
-    rows = total if rows is None else rows
-    if not isinstance(rows, int) or rows < 1 or total % rows:
+    rows = total if rows is None else require_whole_number(rows, "rows")
+    if total % rows:
         raise UnderivedShapeError(f"rows={rows!r} does not divide the {total} rows of squares {tuple(squares.shape)}.")
     order = mean_order(rows, n)
     total_sum = _ordered_sum(squares.contiguous(), order)
@@ -196,14 +195,15 @@ def fused_rms_norm(x: torch.Tensor, weight32: torch.Tensor | None, eps: float, *
     in one launch); by default all of x's rows."""
     n = x.shape[-1]
     total = x.numel() // n
-    rows = total if rows is None else rows
-    if not isinstance(rows, int) or rows < 1 or total % rows:
+    rows = total if rows is None else require_whole_number(rows, "rows")
+    if total % rows:
         raise UnderivedShapeError(f"rows={rows!r} does not divide the {total} rows of x {tuple(x.shape)}.")
+    eps = require_number(eps, "eps")
     order = mean_order(rows, n)
     if not x.is_contiguous():
         raise UnderivedShapeError("x must be contiguous: the kernel reads each row as n consecutive values.")
     if weight32 is not None and (weight32.dtype != torch.float32 or weight32.numel() != n or not weight32.is_contiguous()):
-        raise ValueError(f"weight32 must be a contiguous float32 tensor of {n} values (cast it once, outside the step).")
+        raise InvalidChoiceError(f"weight32 must be a contiguous float32 tensor of {n} values (cast it once, outside the step).")
     out = torch.empty_like(x)
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     kernel = _triton_kernel(interpret)

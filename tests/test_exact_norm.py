@@ -79,9 +79,11 @@ def test_the_factor_of_a_2560_row_is_not_exact_and_is_multiplied():
 
 
 @pytest.mark.parametrize("rows,n,reason", [(1, 64, "n >= 128"), (2, 2562, "n % 4"), (1, 65536, "across warps"),
-                                           (0, 256, "above zero")])
-def test_a_configuration_not_derived_is_refused(rows, n, reason):
-    with pytest.raises(exact_norm.UnderivedShapeError, match=reason):
+                                           (0, 256, "rows=0"), (1, 256.0, "n=256.0")])
+def test_a_configuration_not_derived_is_refused_in_one_course_sentence(rows, n, reason):
+    from helpers.errors import InvalidChoiceError
+
+    with pytest.raises(InvalidChoiceError, match=reason):
         exact_norm.mean_order(rows, n)
 
 
