@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import StaticSlidingWindowLayer
 
-from . import placement
+from . import exact_norm, placement
 from .errors import InvalidChoiceError, NoRecordError, RecordFileError, TunedDecodeError, require_bool, require_choice, require_whole_number
 from .long_context import cache_argument, new_cache, require_prompt
 from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
@@ -68,11 +68,12 @@ class Decoder:
     fullgraph: bool = True  # a graph break is an error, not a silent slowdown
     chunk: int | None = None  # prefill chunk (None: one forward)
     host_free: bool = False  # the token, its rows, positions and masks stay on the GPU: the host never waits
+    fused_norms: bool = False  # each RMSNorm of a decode step in one kernel that sums as ATen does (exact_norm)
 
     def __post_init__(self):
         if self.compile not in COMPILE_MODES:
             require_choice(self.compile, [m for m in COMPILE_MODES if m], "compile")
-        for name in ("remove_hooks", "ple_outside", "fullgraph", "host_free"):
+        for name in ("remove_hooks", "ple_outside", "fullgraph", "host_free", "fused_norms"):
             require_bool(getattr(self, name), name)
         if self.chunk is not None:
             require_whole_number(self.chunk, "chunk", unit="tokens")
@@ -80,6 +81,10 @@ class Decoder:
             raise InvalidChoiceError(f"Decoder(host_free=True) runs the step eagerly or in a CUDA graph with the rows "
                                      f"gathered from the step's own token: leave compile={self.compile!r} and "
                                      f"ple_outside={self.ple_outside!r} at their defaults (or compile=None).")
+        if self.fused_norms and self.compile not in (None, "cudagraphs"):
+            raise InvalidChoiceError(f"Decoder(fused_norms=True) replays its own kernels eagerly or in a CUDA graph; "
+                                     f"a compiler would trace them again: leave compile={self.compile!r} out "
+                                     f"(or pass compile=None).")
 
     def check_quant(self, quant: str) -> None:
         """Refuse, before anything is loaded, a quantization these settings cannot decode: bitsandbytes' int8 layers
@@ -93,7 +98,8 @@ class Decoder:
 
     def label(self) -> str:
         return f"compile={self.compile or 'none'}, hooks {'removed' if self.remove_hooks else 'kept'}, " \
-               f"PLE {'outside' if self.ple_outside else 'inside'} the step" + (", host-free" if self.host_free else "")
+               f"PLE {'outside' if self.ple_outside else 'inside'} the step" + (", host-free" if self.host_free else "") \
+               + (", fused norms" if self.fused_norms else "")
 
 
 # --------------------------------------------------------------------------- accelerate's hooks
@@ -445,6 +451,13 @@ class TunedGreedy:
             self.next_token = torch.zeros((1, 1), dtype=torch.long, device=self.device)
             self.position = torch.zeros((1, 1), dtype=torch.long, device=self.device)
             self._aranges, self._mask_aranges = {}, {}
+        self.fused_norms = None
+        if settings.fused_norms:
+            if self.device.type == "cuda" and not exact_norm.triton_available():
+                raise TunedDecodeError("Decoder(fused_norms=True) needs triton, which PyTorch's CUDA wheels bring: install "
+                                       "the CUDA build of torch, or leave fused_norms out.")
+            self.fused_norms = exact_norm.fuse_norms(model)  # the fp32 weights cast once, kept for every capture
+            self.fused_norms.restore()  # put in only around the decode loop: the prefill and generate keep theirs
         forward = self._host_free_forward if settings.host_free else model.forward
         self.graphs = StepGraphs(forward, self.device) if settings.compile == "cudagraphs" else None
         self._cache, self._cache_len = None, None
@@ -637,7 +650,8 @@ class TunedGreedy:
             logits = self._prefill(ids, cache)
             synchronize(self.device)
             prefilled = time.perf_counter()
-            with torch.profiler.record_function(decode_range(new_tokens - 1)):
+            fused = self.fused_norms.installed() if self.fused_norms else contextlib.nullcontext()
+            with torch.profiler.record_function(decode_range(new_tokens - 1)), fused:
                 tokens, kept = decode(logits, ids.shape[1], new_tokens, keep_logits, cache, mask_2d)
             synchronize(self.device)
             done = time.perf_counter()

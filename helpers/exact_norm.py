@@ -20,6 +20,7 @@ tools/exact_norm_probe.py checks all of it bit for bit on a GPU.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import functools
 import os
@@ -247,16 +248,30 @@ def _fused_forward(module):
 
 
 class FusedNorms:
-    """The norms ``fuse_norms`` swapped; ``restore()`` (or leaving a ``with`` block) gives them their forward back."""
+    """The norms ``fuse_norms`` swapped and their one-kernel forwards: ``restore()`` (or leaving a ``with`` block)
+    gives the modules their own forward back; ``installed()`` puts the same forwards in again for a while (the same
+    fp32 weights, which a CUDA graph captured earlier still reads)."""
 
-    def __init__(self, modules: list):
-        self.modules = modules
+    def __init__(self, forwards: dict):
+        self.forwards = forwards  # module -> its fused forward
+
+    @property
+    def modules(self) -> list:
+        return list(self.forwards)
 
     def restore(self) -> int:
-        for module in self.modules:
+        for module in self.forwards:
             vars(module).pop("forward", None)
-        count, self.modules = len(self.modules), []
-        return count
+        return len(self.forwards)
+
+    @contextlib.contextmanager
+    def installed(self):
+        for module, forward in self.forwards.items():
+            module.forward = forward
+        try:
+            yield self
+        finally:
+            self.restore()
 
     def __enter__(self):
         return self
@@ -271,9 +286,10 @@ def fuse_norms(model) -> FusedNorms:
     fp32 once, here. Capture CUDA graphs after this call (the swap is a Python attribute, read at capture)."""
     require_model(model)
     modules = [m for m in model.modules() if type(m).__name__ == NORM_CLASS and "forward" not in vars(m)]
-    for module in modules:
-        module.forward = _fused_forward(module)
-    return FusedNorms(modules)
+    forwards = {module: _fused_forward(module) for module in modules}
+    for module, forward in forwards.items():
+        module.forward = forward
+    return FusedNorms(forwards)
 
 
 def decode_norm_shapes(config) -> dict:

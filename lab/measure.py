@@ -32,6 +32,7 @@ Decoding speed (``helpers.decoding``): ``--decode MODE`` times greedy decoding o
   reduce-overhead  compiled with ``mode="reduce-overhead"``: Inductor's fused kernels in CUDA graphs
   host-free        the CUDA-graph step fed by the GPU: each step's token, its PLE rows (tables read in place in
                    pinned host memory), positions and masks never wait for the host, so replays queue ahead
+  host-free-fused  the same with each RMSNorm in one kernel that sums as ATen's CUDA mean does (helpers.exact_norm)
 ``--profile-trace PATH`` also writes a ``torch.profiler`` Chrome trace of ``--profile-steps`` decode steps.
 """
 
@@ -71,8 +72,15 @@ from .records import environment
 ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nudged", "ple-cpu-fp16", "text-only")
 # --decode modes: None = plain generate; otherwise decoding.Decoder's compile setting
 DECODE_MODES = {"generate": None, "generate-static": None, "loop": None, "dynamo": "eager", "cudagraphs": "cudagraphs",
-                "reduce-overhead": "reduce-overhead", "host-free": "cudagraphs"}
-HOST_FREE_MODES = ("host-free",)  # decoding.Decoder(host_free=True): nothing read on the host inside the loop
+                "reduce-overhead": "reduce-overhead", "host-free": "cudagraphs", "host-free-fused": "cudagraphs"}
+HOST_FREE_MODES = ("host-free", "host-free-fused")  # decoding.Decoder(host_free=True): no host read inside the loop
+FUSED_NORM_MODES = ("host-free-fused",)  # decoding.Decoder(fused_norms=True)
+
+
+def decoder(decode: str):
+    """The ``decoding.Decoder`` of a tuned ``--decode`` mode."""
+    return decoding.Decoder(compile=DECODE_MODES[decode], host_free=decode in HOST_FREE_MODES,
+                            fused_norms=decode in FUSED_NORM_MODES)
 
 
 def path_settings(path: str | None, chunk: int = DEFAULT_CHUNK) -> LongContext | None:
@@ -137,7 +145,7 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
     the greedy run's logits for a bit-for-bit comparison with another route. ``path``, ``prefill_chunk``:
     long prompts; ``decode``, ``greedy_context``, ``profile_trace``: decoding speed (the module's docstring)."""
     if DECODE_MODES.get(decode):
-        decoding.Decoder(compile=DECODE_MODES[decode], host_free=decode in HOST_FREE_MODES).check_quant(quant)  # before loading
+        decoder(decode).check_quant(quant)  # before loading
     checkpoint = models.resolve(source)  # once; a synthetic checkpoint is built before any card-sized cap
     torch.cuda.init()
     index, device = device, torch.device("cuda", device)
@@ -306,7 +314,7 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
         def run(keep_logits: bool):
             return decoding.plain_greedy(model, ids, new_tokens, static_cache=static, keep_logits=keep_logits)
     else:
-        tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=DECODE_MODES[decode], host_free=decode in HOST_FREE_MODES))
+        tuned = decoding.TunedGreedy(model, decoder(decode))
         record["hooks_removed"] = tuned.hooks_removed
         if tuned.mapped_tables:
             record["tables_read_in_place"] = tuned.mapped_tables

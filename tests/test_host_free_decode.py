@@ -126,3 +126,38 @@ def test_the_host_free_loop_reads_nothing_on_the_host_and_the_current_step_reads
 def test_host_free_with_a_compiler_or_the_rows_inside_is_refused_in_one_sentence(settings):
     with pytest.raises(InvalidChoiceError, match="host_free=True"):
         decoding.Decoder(host_free=True, **settings)
+
+
+def test_fused_norms_take_every_norm_of_each_decode_step_and_none_of_the_prefill_or_of_generate(model, ids, reference,
+                                                                                               monkeypatch):
+    """``Decoder(fused_norms=True)`` puts the one-kernel norms in only around the decode loop: the prefill and a later
+    ``generate`` keep the model's own. On the CPU the kernel cannot run, so its call is counted and answered with the
+    eager norm; the GPU tier and the probe check its bits."""
+    from helpers import exact_norm
+
+    calls = []
+
+    def counted(x, weight32, eps, **kwargs):
+        calls.append(tuple(x.shape))
+        squares = x.float().pow(2)
+        normed = x.float() * torch.pow(squares.mean(-1, keepdim=True) + eps, -0.5)
+        return (normed * weight32 if weight32 is not None else normed).type_as(x)
+
+    monkeypatch.setattr(exact_norm, "is_decode_input", lambda x: x.dim() >= 3 and x.shape[:2] == (1, 1))
+    monkeypatch.setattr(exact_norm, "fused_rms_norm", counted)
+    expected, steps = reference
+    norms = sum(type(m).__name__ == exact_norm.NORM_CLASS for m in model.modules())
+    with measure.math_attention():
+        tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=None, host_free=True, fused_norms=True))
+        assert not any("forward" in vars(m) for m in model.modules() if type(m).__name__ == exact_norm.NORM_CLASS)
+        run = tuned.greedy(ids, NEW, keep_logits=True)
+        after = len(calls)
+        decoding.plain_greedy(model, ids, 2, static_cache=True)  # the control: generate after it fuses nothing
+    assert not any("forward" in vars(m) for m in model.modules() if type(m).__name__ == exact_norm.NORM_CLASS)
+    assert after == len(calls) and after % (NEW - 1) == 0 and 0 < after // (NEW - 1) <= norms
+    assert measure.compare_logits(expected.logits, run.logits, steps)["identical"]
+
+
+def test_fused_norms_with_a_compiler_are_refused_in_one_sentence():
+    with pytest.raises(InvalidChoiceError, match="fused_norms=True"):
+        decoding.Decoder(compile="reduce-overhead", fused_norms=True)

@@ -444,8 +444,10 @@ def render_host_free(tuned: dict) -> list:
     if not table:
         return ["", "The host-free step (`Decoder(host_free=True)`): not yet measured (`make bench PRESET=decode-host-free`)."]
     rates = {name: record.get("decode_tokens_per_s") for name, record in run.items()}
-    ratio = (f" It ran {rates['host-free'] / rates['cudagraphs']:.2f}x the CUDA-graph step of the same run."
-             if rates.get("host-free") and rates.get("cudagraphs") else "")
+    ratio = "".join(f" {what} ran {rates[name] / rates['cudagraphs']:.2f}x the CUDA-graph step of the same run."
+                    for name, what in (("host-free", "The host-free step"),
+                                       ("host-free-fused", "With each norm in one kernel (`Decoder(fused_norms=True)`), it"))
+                    if rates.get(name) and rates.get("cudagraphs"))
     return ["", "**Decoding without the host in the loop** (`Decoder(host_free=True)`: the tables read in place from "
             "pinned host memory, the token, positions and masks on the GPU):", "", table.markdown(), "",
             f"Recorded by `{next(iter(run.values()))['command']}`.{ratio} The profile covers "
