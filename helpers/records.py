@@ -595,6 +595,7 @@ TABLES = {"ple-offload": (_ple_offload, GPU_TIER_DIR), "decode-by-route": (_deco
           "determinism": (_determinism, GPU_TIER_DIR), "gpu-tier-memory": (_gpu_tier_memory, GPU_TIER_DIR),
           "decode-speed": (_decode_speed, MEASUREMENTS_DIR),
           "decode-host-free": (lambda directory: _decode_speed(directory, "decode-host-free"), MEASUREMENTS_DIR),
+          "decode-fused-norms": (lambda directory: _decode_speed(directory, "decode-fused-norms"), MEASUREMENTS_DIR),
           "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
           "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR), "gguf-route": (_gguf_route, GGUF_DIR),
           "route-comparison": (_route_comparison, GGUF_DIR), "cited-route-comparison": (_cited_route_comparison, GGUF_DIR),

@@ -192,18 +192,22 @@ def presets() -> dict:
                               _decode(name="e4b-cpu-generate-8gb", decode="generate", card_gb=8),
                               _decode(name="e4b-cpu-cudagraphs-8gb", decode="cudagraphs", card_gb=8)],
         # the host-free step (the token, its rows, positions and masks on the GPU) beside today's CUDA-graph step in
-        # one run, with its control (one PLE row one bf16 ulp off), and again with each norm in one kernel; then
-        # under the 8 GB cap and on bf16
+        # one run, with its control (one PLE row one bf16 ulp off); then under the 8 GB cap and on bf16
         "decode-host-free": [_decode(name="generate", decode="generate"),
                              _decode(name="generate-static", decode="generate-static"),
                              _decode(name="cudagraphs", decode="cudagraphs", reference="generate-static", profile=True),
                              _decode(name="host-free", decode="host-free", reference="generate-static", profile=True),
                              _decode(name="host-free-nudged", decode="host-free", route="ple-cpu-nudged",
-                                     reference="generate-static", control=True),
-                             _decode(name="host-free-fused", decode="host-free-fused", reference="generate-static",
-                                     profile=True),
-                             _decode(name="host-free-fused-nudged", decode="host-free-fused", route="ple-cpu-nudged",
                                      reference="generate-static", control=True)],
+        # the host-free step with each norm in one kernel (helpers.exact_norm) beside today's CUDA-graph step in one
+        # run, with its control
+        "decode-fused-norms": [_decode(name="generate", decode="generate", profile=True),
+                               _decode(name="generate-static", decode="generate-static"),
+                               _decode(name="cudagraphs", decode="cudagraphs", reference="generate-static", profile=True),
+                               _decode(name="host-free-fused", decode="host-free-fused", reference="generate-static",
+                                       profile=True),
+                               _decode(name="host-free-fused-nudged", decode="host-free-fused", route="ple-cpu-nudged",
+                                       reference="generate-static", control=True)],
         "decode-host-free-more": [_decode(name="host-free-8gb", decode="host-free", card_gb=8),
                                   _decode(name="host-free-bf16", decode="host-free", quant="bf16"),
                                   _decode(name="host-free-fused-8gb", decode="host-free-fused", card_gb=8),

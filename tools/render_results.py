@@ -431,7 +431,7 @@ def render_long_context_and_speed() -> str:
                   "of the bandwidth limit. Beside it, " + "; ".join(
                       f"{row['route']} on an {row['gpu']}: about {row['decode_tokens_per_s']} tokens/s" for row in cited["rows"])
                   + f" ({cited['source']})."]
-    return "\n".join(lines + render_host_free(tuned) + render_decode_on_cards(tuned) + render_inductor()
+    return "\n".join(lines + render_host_free(tuned) + render_fused_norms() + render_decode_on_cards(tuned) + render_inductor()
                      + render_decode_elsewhere())
 
 
@@ -444,14 +444,28 @@ def render_host_free(tuned: dict) -> list:
     if not table:
         return ["", "The host-free step (`Decoder(host_free=True)`): not yet measured (`make bench PRESET=decode-host-free`)."]
     rates = {name: record.get("decode_tokens_per_s") for name, record in run.items()}
-    ratio = "".join(f" {what} ran {rates[name] / rates['cudagraphs']:.2f}x the CUDA-graph step of the same run."
-                    for name, what in (("host-free", "The host-free step"),
-                                       ("host-free-fused", "With each norm in one kernel (`Decoder(fused_norms=True)`), it"))
-                    if rates.get(name) and rates.get("cudagraphs"))
+    ratio = (f" It ran {rates['host-free'] / rates['cudagraphs']:.2f}x the CUDA-graph step of the same run."
+             if rates.get("host-free") and rates.get("cudagraphs") else "")
     return ["", "**Decoding without the host in the loop** (`Decoder(host_free=True)`: the tables read in place from "
             "pinned host memory, the token, positions and masks on the GPU):", "", table.markdown(), "",
             f"Recorded by `{next(iter(run.values()))['command']}`.{ratio} The profile covers "
             f"{records.profile_covers(next((r for r in run.values() if r.get('profile')), {}))}."]
+
+
+def render_fused_norms() -> list:
+    """The host-free step with each norm in one kernel beside today's CUDA-graph step of the same run, once recorded."""
+    from helpers import records
+
+    run = records.preset_records("decode-fused-norms")
+    if not run:
+        return ["", "Each norm in one kernel (`Decoder(fused_norms=True)`, `helpers.exact_norm`): not yet measured "
+                "(`make bench PRESET=decode-fused-norms`); `tools/exact_norm_probe.py` checks its bits per shape."]
+    rates = {name: record.get("decode_tokens_per_s") for name, record in run.items()}
+    ratio = (f" It ran {rates['host-free-fused'] / rates['cudagraphs']:.2f}x the CUDA-graph step of the same run."
+             if rates.get("host-free-fused") and rates.get("cudagraphs") else "")
+    return ["", "**Each norm in one kernel** (`Decoder(host_free=True, fused_norms=True)`: the host-free step with each "
+            "RMSNorm's nine kernels in one that sums as ATen's CUDA mean does):", "",
+            records.table("decode-fused-norms").markdown(), "", f"Recorded by `{next(iter(run.values()))['command']}`.{ratio}"]
 
 
 DECODE_CARDS = ("RTX 4060", "RTX 4050 Laptop", "RTX 3060", "Colab T4", "RTX 3090")
