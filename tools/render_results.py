@@ -475,7 +475,8 @@ def render_decode_on_cards(tuned: dict) -> list:
     """The recorded steps' speeds carried to learners' cards by the planner (derived, not measured)."""
     from helpers import cards, planner, records
 
-    steps = {"CUDA-graph step": tuned, "host-free step": records.preset_records("decode-host-free").get("host-free", {})}
+    steps = {"CUDA-graph step": tuned, "host-free step": records.preset_records("decode-host-free").get("host-free", {}),
+             "host-free step, fused norms": records.preset_records("decode-fused-norms").get("host-free-fused", {})}
     steps = {name: record for name, record in steps.items() if all(record.get(key) for key in planner.DECODE_RECORD_KEYS)}
     if not steps:
         return []
