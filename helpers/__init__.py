@@ -13,8 +13,8 @@ Imports point down this list, never up:
     weights                        bytes per part from the meta model, before loading
     loading                        load_model(source, quant, ple, device)
     fine_tuning                    LoRA adapters on the text decoder, QLoRA's set-up, a task to learn, the training loop
-    long_context, decoding         long prompts without copies (chunks, window-sized cache); greedy decoding in CUDA graphs
     exact_norm                     one kernel per RMSNorm in the decode step, summing as ATen's CUDA mean does
+    long_context, decoding         long prompts without copies (chunks, window-sized cache); greedy decoding in CUDA graphs
     measure                        greedy runs and their logits compared: bit for bit, within rounding, with a control
     records                        readers of the recorded results (data/measurements, gpu-tier, gguf, chat, cited)
     planner                        predict / fits: memory before loading, from a config and the records
