@@ -168,3 +168,28 @@ def test_a_packed_part_brings_back_the_groups_a_deadline_stopped_before_they_rec
     added = record["04_named_modules.ipynb"]
     assert (added["passed"], added["seconds"], added["gpu"], added["date"]) == (2, 3.5, "NVIDIA H200", "2026-12-05")
     assert "GPU_CARDS=" in added["command"] and (here / f"notebooks-{shape}-{'-'.join(cards)}.log").read_text() == "log"
+
+
+def test_two_parts_packed_from_one_tree_and_unpacked_in_turn_keep_each_others_cards(tmp_path, monkeypatch):
+    """Each bundle carries the whole record it started from; taking one in whole undid the other (parts 12-13 and 14,
+    2026-12-05). Only a bundle's own cards replace the tree's."""
+    here = tmp_path / "here"
+    here.mkdir()
+    first, second = [(number, part) for number, part in enumerate(card_sweep.parts(), 1) if part[0] == "e4b-shape"][:2]
+    shape = first[1][0]
+    base = {"model": shape, "cards": {"old GB": {"00_setup.ipynb": {"result": "pass"}}}}
+    bundles = []
+    for number, (_, cards) in (first, second):
+        box = tmp_path / f"box{number}"
+        box.mkdir()
+        recorded = {**base, "cards": {**base["cards"], f"{cards[0]} GB": {"00_setup.ipynb": {"result": "pass"}}}}
+        (box / f"notebooks-{shape}.json").write_text(json.dumps(recorded))
+        monkeypatch.setattr(card_sweep, "GPU_TIER_DIR", box)
+        monkeypatch.setattr(card_sweep, "BUILD_DIR", tmp_path / "no-build")
+        bundles.append(card_sweep.pack([number], box))
+    monkeypatch.setattr(card_sweep, "GPU_TIER_DIR", here)
+    (here / f"notebooks-{shape}.json").write_text(json.dumps(base))
+    for bundle in bundles:
+        card_sweep.unpack(bundle)
+    kept = set(json.loads((here / f"notebooks-{shape}.json").read_text())["cards"])
+    assert kept == {"old GB", f"{first[1][1][0]} GB", f"{second[1][1][0]} GB"}

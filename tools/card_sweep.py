@@ -177,7 +177,7 @@ def pack(numbers, folder: Path, log: Path | None = None) -> Path:
 
 
 def unpack(bundle_path: Path) -> list:
-    """Take a packed run in: each shape's record replaces this tree's (it was made from it), then every JUnit file
+    """Take a packed run in: the cards of its parts replace this tree's in each shape's record, then every JUnit file
     is recorded again, with the environment the record holds for that run, so a group stopped before its own record
     counts."""
     from tools import record_nbval
@@ -193,8 +193,14 @@ def unpack(bundle_path: Path) -> list:
             record = work / f"notebooks-{shape}.json"
             if not record.is_file():
                 raise SystemExit(f"{bundle_path} holds no notebooks-{shape}.json: the run recorded nothing for {shape}")
-            entries[shape] = [entry for card in json.loads(record.read_text())["cards"].values() for entry in card.values()]
-            (GPU_TIER_DIR / record.name).write_text(record.read_text())
+            packed = json.loads(record.read_text())
+            entries[shape] = [entry for card in packed["cards"].values() for entry in card.values()]
+            # only this bundle's cards: a bundle packed beside another from the same tree must not undo that one's
+            mine = {card_label(card) for card, card_shape in shape_of.items() if card_shape == shape}
+            here = GPU_TIER_DIR / record.name
+            merged = json.loads(here.read_text()) if here.is_file() else {**packed, "cards": {}}
+            merged["cards"].update({label: cards for label, cards in packed["cards"].items() if label in mine})
+            here.write_text(json.dumps(merged, indent=1) + "\n")
         if (work / LOG).is_file():
             cards = [card for number in numbers for card in parts()[number - 1][1]]
             shapes = "-".join(sorted(set(shape_of.values())))
