@@ -179,10 +179,10 @@ def test_two_parts_packed_from_one_tree_and_unpacked_in_turn_keep_each_others_ca
     shape = first[1][0]
     base = {"model": shape, "cards": {"old GB": {"00_setup.ipynb": {"result": "pass"}}}}
     bundles = []
-    for number, (_, cards) in (first, second):
+    for number, (_, part_cards) in (first, second):
         box = tmp_path / f"box{number}"
         box.mkdir()
-        recorded = {**base, "cards": {**base["cards"], f"{cards[0]} GB": {"00_setup.ipynb": {"result": "pass"}}}}
+        recorded = {**base, "cards": {**base["cards"], f"{part_cards[0]} GB": {"00_setup.ipynb": {"result": "pass"}}}}
         (box / f"notebooks-{shape}.json").write_text(json.dumps(recorded))
         monkeypatch.setattr(card_sweep, "GPU_TIER_DIR", box)
         monkeypatch.setattr(card_sweep, "BUILD_DIR", tmp_path / "no-build")

@@ -481,9 +481,10 @@ def render_decode_on_cards(tuned: dict) -> list:
     if not steps:
         return []
     by_name = {card.name: card for card in cards.LEARNER_CARDS}
+    gpus = " and ".join(sorted({record.get("gpu", "unnamed GPU") for record in steps.values()}))
     lines = ["", "On a learner's card (`planner.decode_range`: the recorded bytes per token at the card's bandwidth, with "
              "the recorded step's other time hidden or added in full; derived, not measured; that other time was the "
-             f"{' and '.join(sorted({record.get('gpu', 'unnamed GPU') for record in steps.values()}))} host's):", "", "| card | " + " | ".join(steps) + " |", "|---|" + "---|" * len(steps)]
+             f"{gpus} host's):", "", "| card | " + " | ".join(steps) + " |", "|---|" + "---|" * len(steps)]
     for name in DECODE_CARDS:
         ranges = [planner.decode_range(record, by_name[name]) for record in steps.values()]
         lines.append(f"| {name} ({by_name[name].bandwidth_gb_s:g} GB/s) | " + " | ".join(
