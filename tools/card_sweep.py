@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
 from helpers import planner  # noqa: E402
 from helpers.cards import CARD_SIZES_GB  # noqa: E402
-from helpers.paths import BUILD_DIR, GPU_TIER_DIR, NOTEBOOKS_DIR  # noqa: E402
+from helpers.paths import BUILD_DIR, GPU_TIER_DIR, NOTEBOOKS_DIR, write_text_atomically  # noqa: E402
 from tools.record_nbval import card_label, code_hash  # noqa: E402
 
 LOG = "card-sweep.log"
@@ -180,6 +180,7 @@ def unpack(bundle_path: Path) -> list:
     """Take a packed run in: the cards of its parts replace this tree's in each shape's record, then every JUnit file
     is recorded again, with the environment the record holds for that run, so a group stopped before its own record
     counts."""
+    from lab.records import write_record
     from tools import record_nbval
 
     numbers = [int(n) for n in Path(bundle_path).name.removeprefix("part-").removesuffix(".tgz").split("-")]
@@ -200,11 +201,11 @@ def unpack(bundle_path: Path) -> list:
             here = GPU_TIER_DIR / record.name
             merged = json.loads(here.read_text()) if here.is_file() else {**packed, "cards": {}}
             merged["cards"].update({label: cards for label, cards in packed["cards"].items() if label in mine})
-            here.write_text(json.dumps(merged, indent=1) + "\n")
+            write_record(here, merged)
         if (work / LOG).is_file():
             cards = [card for number in numbers for card in parts()[number - 1][1]]
             shapes = "-".join(sorted(set(shape_of.values())))
-            (GPU_TIER_DIR / f"notebooks-{shapes}-{'-'.join(cards)}.log").write_text((work / LOG).read_text())
+            write_text_atomically(GPU_TIER_DIR / f"notebooks-{shapes}-{'-'.join(cards)}.log", (work / LOG).read_text())
         for junit in sorted((work / "junit").glob("nbval-gpu-*.xml")):
             card = junit.name.removeprefix("nbval-gpu-").rsplit("-", 1)[0]
             shape = shape_of.get(card)
