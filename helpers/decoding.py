@@ -763,6 +763,7 @@ DECODE_RANGE = "course decode, forwards: "  # a profiler range around a decode l
 LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch"})
 COPIES = frozenset({"cudaMemcpyAsync", "cudaMemsetAsync"})  # GPU work started from the host that is no kernel
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace categories of what the GPU runs
+TOP_KERNELS = 15  # the kernels a decode profile names, by GPU time: enough to see what a fusion would save
 
 
 def decode_range(forwards: int) -> str:
@@ -795,7 +796,7 @@ def profile(run, trace_path, steps: int, device) -> ProfileSummary:
     many kernels and launches, how many operators the CPU dispatched. Where ``run`` decodes with ``plain_greedy``
     or ``TunedGreedy``, these figures cover their decode loops only (the prefill apart, which would otherwise
     weigh as much as many steps), divided per forward in ``by_step``; its ``top_kernels`` say where the GPU's
-    time went."""
+    time went: each one's share, runs per forward and mean time."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -852,21 +853,24 @@ def _decode_loop_summary(events: list, ranges: list, steps: int, trace: str) -> 
     work = [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_WORK
             and e.get("args", {}).get("correlation") in launched]
     ends = [end for _, end, _ in ranges]
-    by_name: dict = {}
+    by_name: dict = {}  # name: [summed µs, runs]
     for e in work:
         index = launched[e["args"]["correlation"]]
         ends[index] = max(ends[index], e["ts"] + e["dur"])
-        by_name[e["name"]] = by_name.get(e["name"], 0.0) + e["dur"]
+        spent = by_name.setdefault(e["name"], [0.0, 0])
+        spent[0], spent[1] = spent[0] + e["dur"], spent[1] + 1
     wall_us = sum(end - start for (start, _, _), end in zip(ranges, ends))
     busy_us = _union_us([(e["ts"], e["ts"] + e["dur"]) for e in work])
     forwards = sum(n for _, _, n in ranges) or 1
     kernels = sum(e.get("cat") == "kernel" for e in work)
-    top = sorted(by_name.items(), key=lambda item: -item[1])[:5]
-    worked = sum(by_name.values())  # each name's share of the GPU's summed work time
+    top = sorted(by_name.items(), key=lambda item: -item[1][0])[:TOP_KERNELS]
+    worked = sum(us for us, _ in by_name.values())  # each name's share of the GPU's summed work time
     return ProfileSummary(steps, wall_us / 1e6, busy_us / 1e6, kernels, launches, cpu_ops, trace,
                           {"wall_ms": wall_us / 1e3 / forwards, "kernels": kernels / forwards,
                            "launches": launches / forwards, "cpu_ops": cpu_ops / forwards, "forwards": forwards,
-                           "top_kernels": [{"name": name[:120], "share": round(us / worked, 4)} for name, us in top]})
+                           "top_kernels": [{"name": name[:120], "share": round(us / worked, 4),
+                                            "per_forward": round(runs / forwards, 2), "mean_us": round(us / runs, 2)}
+                                           for name, (us, runs) in top]})
 
 
 def _union_us(intervals: list) -> float:

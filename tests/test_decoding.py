@@ -463,4 +463,5 @@ def test_a_decode_profile_counts_the_gpu_work_its_launches_started_even_after_th
     assert summary.wall_s == pytest.approx(150e-6)  # to the end of the kernel that ran after the loop returned
     assert summary.device_busy_s == pytest.approx(60e-6)  # the overlapping gemvs count once: 10..40, 120..150
     assert summary.device_busy_fraction == pytest.approx(0.4)
-    assert summary.by_step["kernels"] == 1.5 and summary.by_step["top_kernels"][0] == {"name": "gemv", "share": 0.5714}  # of 70 µs of work
+    assert summary.by_step["kernels"] == 1.5 and summary.by_step["top_kernels"][0] == {"name": "gemv", "share": 0.5714,  # of 70 µs of work
+                                                                                  "per_forward": 1.0, "mean_us": 20.0}
