@@ -281,12 +281,20 @@ class FusedNorms:
         self.restore()
 
 
+def _runs_its_class_forward(module) -> bool:
+    """Whether ``module.forward`` is its class's own: no instance attribute, or the class's forward bound to it, which
+    accelerate's ``remove_hook_from_module`` leaves behind on every module that had a hook (a fused forward, or
+    another wrapper, is neither)."""
+    forward = vars(module).get("forward")
+    return forward is None or getattr(forward, "__func__", None) is type(module).forward
+
+
 def fuse_norms(model) -> FusedNorms:
     """Give each ``Gemma4RMSNorm`` of ``model`` the one-kernel forward for one-token CUDA inputs (the decode step),
     falling back to its own forward for any other input. Call it after the model is placed: each weight is cast to
     fp32 once, here. Capture CUDA graphs after this call (the swap is a Python attribute, read at capture)."""
     require_model(model)
-    modules = [m for m in model.modules() if type(m).__name__ == NORM_CLASS and "forward" not in vars(m)]
+    modules = [m for m in model.modules() if type(m).__name__ == NORM_CLASS and _runs_its_class_forward(m)]
     forwards = {module: _fused_forward(module) for module in modules}
     for module, forward in forwards.items():
         module.forward = forward

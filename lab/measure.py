@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import cards, decoding, loading, models, placement, quantization
+from helpers import cards, decoding, exact_norm, loading, models, placement, quantization
 from helpers.errors import CourseError
 from helpers.host_memory import PeakSampler, peak_rss_bytes
 from helpers.long_context import DEFAULT_CHUNK, LongContext, longest_prompt
@@ -318,6 +318,9 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
         record["hooks_removed"] = tuned.hooks_removed
         if tuned.mapped_tables:
             record["tables_read_in_place"] = tuned.mapped_tables
+        if tuned.fused_norms is not None:  # of all the model's norms: a swap that missed some shows here
+            record["norms_fused"] = {"fused": len(tuned.fused_norms.modules), "of": sum(
+                type(m).__name__ == exact_norm.NORM_CLASS for m in model.modules())}
         graphs = tuned.graphs
 
         def run(keep_logits: bool):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import exact_norm
+from helpers import decoding, exact_norm, loading
 
 # (rows, n) of one decode step of E4B, and ATen's launch for each: blockDim.x, blockDim.y, 4-float vectors per thread
 DECODE = {(1, 2560): (512, 1, 2), (8, 256): (64, 8, 1), (8, 512): (64, 8, 2), (2, 256): (64, 2, 1),
@@ -169,7 +169,7 @@ def test_one_ulp_of_one_square_changes_the_emulated_mean():
 INTERPRETED = """
 import json, sys
 import torch
-from helpers import exact_norm
+from helpers import decoding, exact_norm, loading
 sys.path.insert(0, sys.argv[1])
 from test_exact_norm import DECODE, bits, varied_rows
 
@@ -260,6 +260,34 @@ def test_fused_norms_keep_their_own_forward_off_cuda_and_are_restored():
         assert torch.equal(model(x), before)
         assert exact_norm.fuse_norms(model).modules == []  # swapped once only
     assert all("forward" not in vars(m) for m in model) and torch.equal(model(x), before)
+
+
+def test_norms_whose_accelerate_hooks_were_removed_are_fused_too():
+    """accelerate's remove_hook_from_module leaves each module's own forward as an instance attribute: a swap that
+    skipped every module with a ``forward`` of its own fused none of a loaded model's norms (the GPU profile's
+    kernel count barely moved)."""
+    from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
+
+    model = torch.nn.Sequential(Gemma4RMSNorm(256), Gemma4RMSNorm(256, with_scale=False), Gemma4RMSNorm(256))
+    for norm in model[:2]:
+        add_hook_to_module(norm, ModelHook())
+        remove_hook_from_module(norm)
+    assert all("forward" in vars(m) for m in model[:2]) and "forward" not in vars(model[2])  # what the hooks left
+    wrapped = Gemma4RMSNorm(256)
+    wrapped.forward = lambda hidden_states: hidden_states  # control: a wrapper of someone else's stays as it is
+    with exact_norm.fuse_norms(torch.nn.Sequential(*model, wrapped)) as fused:
+        assert fused.modules == [*model]
+    assert all("forward" not in vars(m) for m in model) and wrapped.forward(1) == 1  # restored to the class's own
+
+
+def test_a_tuned_decoder_fuses_every_norm_of_a_model_loaded_with_hooks():
+    model = loading.load_model("tiny", "bf16", "cpu", device="cpu")
+    decoding.attach_placement_hooks(model)  # what from_pretrained attaches on a GPU with the course's map
+    norms = [m for m in model.modules() if type(m).__name__ == exact_norm.NORM_CLASS]
+    tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=None, host_free=True, fused_norms=True))
+    assert tuned.hooks_removed > 0 and len(norms) > 10
+    assert tuned.fused_norms.modules == norms
 
 
 # ------------------------------------------------------------------ the GPU probe's verdict
