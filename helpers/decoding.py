@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import StaticSlidingWindowLayer
 
-from . import exact_norm, placement
+from . import exact_norm, exact_rotary, placement
 from .errors import InvalidChoiceError, NoRecordError, RecordFileError, TunedDecodeError, require_bool, require_choice, require_whole_number
 from .long_context import cache_argument, new_cache, require_prompt
 from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
@@ -69,11 +69,12 @@ class Decoder:
     chunk: int | None = None  # prefill chunk (None: one forward)
     host_free: bool = False  # the token, its rows, positions and masks stay on the GPU: the host never waits
     fused_norms: bool = False  # each RMSNorm of a decode step in one kernel that sums as ATen does (exact_norm)
+    fused_rotary: bool = False  # each rotary embedding of a decode step in one kernel that rounds as ATen does
 
     def __post_init__(self):
         if self.compile not in COMPILE_MODES:
             require_choice(self.compile, [m for m in COMPILE_MODES if m], "compile")
-        for name in ("remove_hooks", "ple_outside", "fullgraph", "host_free", "fused_norms"):
+        for name in ("remove_hooks", "ple_outside", "fullgraph", "host_free", "fused_norms", "fused_rotary"):
             require_bool(getattr(self, name), name)
         if self.chunk is not None:
             require_whole_number(self.chunk, "chunk", unit="tokens")
@@ -81,8 +82,9 @@ class Decoder:
             raise InvalidChoiceError(f"Decoder(host_free=True) runs the step eagerly or in a CUDA graph with the rows "
                                      f"gathered from the step's own token: leave compile={self.compile!r} and "
                                      f"ple_outside={self.ple_outside!r} at their defaults (or compile=None).")
-        if self.fused_norms and self.compile not in (None, "cudagraphs"):
-            raise InvalidChoiceError(f"Decoder(fused_norms=True) replays its own kernels eagerly or in a CUDA graph; "
+        fused = next((name for name in ("fused_norms", "fused_rotary") if getattr(self, name)), None)
+        if fused and self.compile not in (None, "cudagraphs"):
+            raise InvalidChoiceError(f"Decoder({fused}=True) replays its own kernels eagerly or in a CUDA graph; "
                                      f"a compiler would trace them again: leave compile={self.compile!r} out "
                                      f"(or pass compile=None).")
 
@@ -99,7 +101,7 @@ class Decoder:
     def label(self) -> str:
         return f"compile={self.compile or 'none'}, hooks {'removed' if self.remove_hooks else 'kept'}, " \
                f"PLE {'outside' if self.ple_outside else 'inside'} the step" + (", host-free" if self.host_free else "") \
-               + (", fused norms" if self.fused_norms else "")
+               + (", fused norms" if self.fused_norms else "") + (", fused rotary" if self.fused_rotary else "")
 
 
 # --------------------------------------------------------------------------- accelerate's hooks
@@ -458,6 +460,12 @@ class TunedGreedy:
                                        "the CUDA build of torch, or leave fused_norms out.")
             self.fused_norms = exact_norm.fuse_norms(model)  # the fp32 weights cast once, kept for every capture
             self.fused_norms.restore()  # put in only around the decode loop: the prefill and generate keep theirs
+        self.fused_rotary = None
+        if settings.fused_rotary:
+            if self.device.type == "cuda" and not exact_norm.triton_available():
+                raise TunedDecodeError("Decoder(fused_rotary=True) needs triton, which PyTorch's CUDA wheels bring: install "
+                                       "the CUDA build of torch, or leave fused_rotary out.")
+            self.fused_rotary = exact_rotary.fuse_rotary()  # swapped in only around the decode loop, as the norms
         forward = self._host_free_forward if settings.host_free else model.forward
         self.graphs = StepGraphs(forward, self.device) if settings.compile == "cudagraphs" else None
         self._cache, self._cache_len = None, None
@@ -650,8 +658,9 @@ class TunedGreedy:
             logits = self._prefill(ids, cache)
             synchronize(self.device)
             prefilled = time.perf_counter()
-            fused = self.fused_norms.installed() if self.fused_norms else contextlib.nullcontext()
-            with torch.profiler.record_function(decode_range(new_tokens - 1)), fused:
+            norms = self.fused_norms.installed() if self.fused_norms else contextlib.nullcontext()
+            rotary = self.fused_rotary.installed() if self.fused_rotary else contextlib.nullcontext()
+            with torch.profiler.record_function(decode_range(new_tokens - 1)), norms, rotary:
                 tokens, kept = decode(logits, ids.shape[1], new_tokens, keep_logits, cache, mask_2d)
             synchronize(self.device)
             done = time.perf_counter()

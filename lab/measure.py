@@ -33,6 +33,8 @@ Decoding speed (``helpers.decoding``): ``--decode MODE`` times greedy decoding o
   host-free        the CUDA-graph step fed by the GPU: each step's token, its PLE rows (tables read in place in
                    pinned host memory), positions and masks never wait for the host, so replays queue ahead
   host-free-fused  the same with each RMSNorm in one kernel that sums as ATen's CUDA mean does (helpers.exact_norm)
+  host-free-fused-rotary  and each rotary embedding in one kernel that rounds as ATen's bf16 kernels do
+                   (helpers.exact_rotary)
 ``--profile-trace PATH`` also writes a ``torch.profiler`` Chrome trace of ``--profile-steps`` decode steps.
 """
 
@@ -72,15 +74,18 @@ from .records import environment
 ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nudged", "ple-cpu-fp16", "text-only")
 # --decode modes: None = plain generate; otherwise decoding.Decoder's compile setting
 DECODE_MODES = {"generate": None, "generate-static": None, "loop": None, "dynamo": "eager", "cudagraphs": "cudagraphs",
-                "reduce-overhead": "reduce-overhead", "host-free": "cudagraphs", "host-free-fused": "cudagraphs"}
-HOST_FREE_MODES = ("host-free", "host-free-fused")  # decoding.Decoder(host_free=True): no host read inside the loop
-FUSED_NORM_MODES = ("host-free-fused",)  # decoding.Decoder(fused_norms=True)
+                "reduce-overhead": "reduce-overhead", "host-free": "cudagraphs", "host-free-fused": "cudagraphs",
+                "host-free-fused-rotary": "cudagraphs"}
+# decoding.Decoder(host_free=True): no host read inside the loop
+HOST_FREE_MODES = ("host-free", "host-free-fused", "host-free-fused-rotary")
+FUSED_NORM_MODES = ("host-free-fused", "host-free-fused-rotary")  # decoding.Decoder(fused_norms=True)
+FUSED_ROTARY_MODES = ("host-free-fused-rotary",)  # decoding.Decoder(fused_rotary=True)
 
 
 def decoder(decode: str):
     """The ``decoding.Decoder`` of a tuned ``--decode`` mode."""
     return decoding.Decoder(compile=DECODE_MODES[decode], host_free=decode in HOST_FREE_MODES,
-                            fused_norms=decode in FUSED_NORM_MODES)
+                            fused_norms=decode in FUSED_NORM_MODES, fused_rotary=decode in FUSED_ROTARY_MODES)
 
 
 def path_settings(path: str | None, chunk: int = DEFAULT_CHUNK) -> LongContext | None:
