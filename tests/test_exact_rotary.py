@@ -174,10 +174,11 @@ def test_a_tuned_decoder_swaps_the_rotation_in_for_the_decode_loop_only(monkeypa
 
     model = loading.load_model("tiny", "bf16", "cpu", device="cpu")
     ids = torch.tensor([[2, 10, 20, 30]])
-    plain = decoding.TunedGreedy(model, decoding.Decoder(compile=None)).greedy(ids, 4, keep_logits=True)
+    outside = decoding.supports_ple_outside(model)  # transformers 5.5.2 (the matrix) has no per_layer_inputs
+    plain = decoding.TunedGreedy(model, decoding.Decoder(compile=None, ple_outside=outside)).greedy(ids, 4, keep_logits=True)
     asked = []
     monkeypatch.setattr(exact_rotary, "is_decode_input", lambda x, cos, sin: asked.append(x.shape) or False)
-    fused = decoding.TunedGreedy(model, decoding.Decoder(compile=None, host_free=True, fused_rotary=True))
+    fused = decoding.TunedGreedy(model, decoding.Decoder(compile=None, ple_outside=outside, fused_rotary=True))
     run = fused.greedy(ids, 4, keep_logits=True)
     layers = model.config.get_text_config().num_hidden_layers
     assert len(asked) >= 3 * layers and all(shape[:2] == (1, 1) for shape in asked)  # every decode step's queries
