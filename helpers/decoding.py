@@ -454,17 +454,15 @@ class TunedGreedy:
             self.position = torch.zeros((1, 1), dtype=torch.long, device=self.device)
             self._aranges, self._mask_aranges = {}, {}
         self.fused_norms = None
+        fused = [name for name in ("fused_norms", "fused_rotary") if getattr(settings, name)]
+        if fused and self.device.type == "cuda" and not exact_norm.triton_available():
+            raise TunedDecodeError(f"Decoder({fused[0]}=True) needs triton, which PyTorch's CUDA wheels bring: install "
+                                   f"the CUDA build of torch, or leave {fused[0]} out.")
         if settings.fused_norms:
-            if self.device.type == "cuda" and not exact_norm.triton_available():
-                raise TunedDecodeError("Decoder(fused_norms=True) needs triton, which PyTorch's CUDA wheels bring: install "
-                                       "the CUDA build of torch, or leave fused_norms out.")
             self.fused_norms = exact_norm.fuse_norms(model)  # the fp32 weights cast once, kept for every capture
             self.fused_norms.restore()  # put in only around the decode loop: the prefill and generate keep theirs
         self.fused_rotary = None
         if settings.fused_rotary:
-            if self.device.type == "cuda" and not exact_norm.triton_available():
-                raise TunedDecodeError("Decoder(fused_rotary=True) needs triton, which PyTorch's CUDA wheels bring: install "
-                                       "the CUDA build of torch, or leave fused_rotary out.")
             self.fused_rotary = exact_rotary.fuse_rotary()  # swapped in only around the decode loop, as the norms
         forward = self._host_free_forward if settings.host_free else model.forward
         self.graphs = StepGraphs(forward, self.device) if settings.compile == "cudagraphs" else None

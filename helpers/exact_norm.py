@@ -289,12 +289,17 @@ def _runs_its_class_forward(module) -> bool:
     return forward is None or getattr(forward, "__func__", None) is type(module).forward
 
 
+def norm_modules(model) -> list:
+    """Every ``Gemma4RMSNorm`` of ``model``, in module order."""
+    return [m for m in model.modules() if type(m).__name__ == NORM_CLASS]
+
+
 def fuse_norms(model) -> FusedNorms:
     """Give each ``Gemma4RMSNorm`` of ``model`` the one-kernel forward for one-token CUDA inputs (the decode step),
     falling back to its own forward for any other input. Call it after the model is placed: each weight is cast to
     fp32 once, here. Capture CUDA graphs after this call (the swap is a Python attribute, read at capture)."""
     require_model(model)
-    modules = [m for m in model.modules() if type(m).__name__ == NORM_CLASS and _runs_its_class_forward(m)]
+    modules = [m for m in norm_modules(model) if _runs_its_class_forward(m)]
     forwards = {module: _fused_forward(module) for module in modules}
     for module, forward in forwards.items():
         module.forward = forward

@@ -64,19 +64,28 @@ def _triton_kernel(interpret: bool):
     return triton.jit(_rotary_kernel)
 
 
-def fused_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``(x * cos) + (rotate_half(x) * sin)`` in one launch, with the eager result's bits: ``x`` contiguous
-    [..., heads, d] and ``cos``, ``sin`` contiguous with d values each (one position), all of one dtype."""
+def _refusal(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str | None:
+    """Why the kernel cannot rotate these inputs, in one sentence; None where it can."""
     d = x.shape[-1]
     if not x.is_contiguous() or d % 2 or d & (d - 1):
-        raise InvalidChoiceError(f"x {tuple(x.shape)} must be contiguous with a power-of-two last dim: the kernel reads "
-                                 f"each head's two halves as consecutive values.")
+        return (f"x {tuple(x.shape)} must be contiguous with a power-of-two last dim: the kernel reads each head's two "
+                f"halves as consecutive values.")
     if cos.numel() != d or sin.numel() != d or not (cos.is_contiguous() and sin.is_contiguous()):
-        raise InvalidChoiceError(f"cos and sin must hold one position's {d} values, contiguous (got {tuple(cos.shape)}, "
-                                 f"{tuple(sin.shape)}): the fused rotation serves one decode token.")
+        return (f"cos and sin must hold one position's {d} values, contiguous (got {tuple(cos.shape)}, "
+                f"{tuple(sin.shape)}): the fused rotation serves one decode token.")
     if not x.dtype == cos.dtype == sin.dtype == torch.bfloat16:
-        raise InvalidChoiceError(f"x, cos and sin must be bfloat16 (got {x.dtype}, {cos.dtype}, {sin.dtype}): the kernel "
-                                 f"rounds as bf16 kernels do; other dtypes keep transformers' function.")
+        return (f"x, cos and sin must be bfloat16 (got {x.dtype}, {cos.dtype}, {sin.dtype}): the kernel rounds as bf16 "
+                f"kernels do; other dtypes keep transformers' function.")
+    return None
+
+
+def fused_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``(x * cos) + (rotate_half(x) * sin)`` in one launch, with the eager result's bits: ``x`` contiguous bf16
+    [..., heads, d] and ``cos``, ``sin`` contiguous bf16 with d values each (one position)."""
+    refusal = _refusal(x, cos, sin)
+    if refusal:
+        raise InvalidChoiceError(refusal)
+    d = x.shape[-1]
     out = torch.empty_like(x)
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     _triton_kernel(interpret)[(x.numel() // d,)](x, cos, sin, out, D=d, HALF=d // 2, num_warps=max(1, min(4, d // 128)),
@@ -85,11 +94,8 @@ def fused_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def is_decode_input(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """One token of one sequence on CUDA ([1, 1, heads, d], contiguous) with one position's cos and sin."""
-    d = x.shape[-1]
-    return (x.is_cuda and x.dim() == 4 and x.shape[0] == x.shape[1] == 1 and x.is_contiguous()
-            and d % 2 == 0 and d & (d - 1) == 0 and cos.numel() == sin.numel() == d
-            and cos.is_contiguous() and sin.is_contiguous() and x.dtype == cos.dtype == sin.dtype == torch.bfloat16)
+    """One token of one sequence on CUDA ([1, 1, heads, d]) that the kernel can rotate."""
+    return x.is_cuda and x.dim() == 4 and x.shape[0] == x.shape[1] == 1 and _refusal(x, cos, sin) is None
 
 
 class FusedRotary:
@@ -115,11 +121,8 @@ class FusedRotary:
 
     @contextlib.contextmanager
     def installed(self):
-        setattr(self.module, FUNCTION, self.fused)
-        try:
+        with self:
             yield self
-        finally:
-            self.restore()
 
     def __enter__(self):
         setattr(self.module, FUNCTION, self.fused)

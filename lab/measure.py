@@ -324,8 +324,7 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
         if tuned.mapped_tables:
             record["tables_read_in_place"] = tuned.mapped_tables
         if tuned.fused_norms is not None:  # of all the model's norms: a swap that missed some shows here
-            record["norms_fused"] = {"fused": len(tuned.fused_norms.modules), "of": sum(
-                type(m).__name__ == exact_norm.NORM_CLASS for m in model.modules())}
+            record["norms_fused"] = {"fused": len(tuned.fused_norms.modules), "of": len(exact_norm.norm_modules(model))}
         graphs = tuned.graphs
 
         def run(keep_logits: bool):

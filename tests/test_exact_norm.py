@@ -284,7 +284,7 @@ def test_norms_whose_accelerate_hooks_were_removed_are_fused_too():
 def test_a_tuned_decoder_fuses_every_norm_of_a_model_loaded_with_hooks():
     model = loading.load_model("tiny", "bf16", "cpu", device="cpu")
     decoding.attach_placement_hooks(model)  # what from_pretrained attaches on a GPU with the course's map
-    norms = [m for m in model.modules() if type(m).__name__ == exact_norm.NORM_CLASS]
+    norms = exact_norm.norm_modules(model)
     outside = decoding.supports_ple_outside(model)  # transformers 5.5.2 (the matrix) has no per_layer_inputs
     tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=None, ple_outside=outside, fused_norms=True))
     assert tuned.hooks_removed > 0 and len(norms) > 10
