@@ -291,6 +291,7 @@ def _runs_its_class_forward(module) -> bool:
 
 def norm_modules(model) -> list:
     """Every ``Gemma4RMSNorm`` of ``model``, in module order."""
+    require_model(model)
     return [m for m in model.modules() if type(m).__name__ == NORM_CLASS]
 
 
