@@ -438,17 +438,27 @@ def profile_covers(record: dict) -> str:
     return f"{(record.get('profile') or {}).get('steps', 16)} steps and the prefill before them"
 
 
-def _decode_speed(directory: Path, preset: str = "decode-speed") -> Table:
+def _decode_speed(directory: Path, preset: str = "decode-speed", reference: str = "generate") -> Table:
+    """Each mode of a decode preset's run: speed, its ratio to ``reference`` of the same run, identity and profile."""
     run = preset_records(preset, directory=directory)
-    plain = run.get("generate", {}).get("decode_tokens_per_s")
+    plain = run.get(reference, {}).get("decode_tokens_per_s")
     rows = []
     for name, record in run.items():
         rate, profile = record.get("decode_tokens_per_s"), record.get("profile") or {}
         launches, busy = profile.get("by_step", {}).get("launches"), profile.get("device_busy_fraction")
+        kernels = kernels_per_step(record)
         rows.append((name, _outcome(record, rate), _ratio(rate, plain), str(record.get("bandwidth_limit_tokens_per_s", "-")),
-                     _identity(record.get("identity", {})), f"{launches:,.0f}" if launches else "-", f"{busy:.0%}" if busy else "-"))
-    return Table(("mode", "tokens/s", "x plain generate", "bandwidth limit, tokens/s", "logits vs generate with a static cache",
-                  "CPU launches per step (profile)", "GPU busy (profile)"), tuple(rows), _command(run))
+                     _identity(record.get("identity", {})), f"{launches:,.0f}" if launches else "-",
+                     f"{kernels:,.0f}" if kernels else "-", f"{busy:.0%}" if busy else "-"))
+    return Table(("mode", "tokens/s", {"generate": "x plain generate", "cudagraphs": "x CUDA-graph step"}[reference],
+                  "bandwidth limit, tokens/s", "logits vs generate with a static cache",
+                  "CPU launches per step (profile)", "GPU kernels per step (profile)", "GPU busy (profile)"), tuple(rows),
+                 _command(run))
+
+
+def kernels_per_step(record: dict) -> float | None:
+    """The GPU kernels one decode step ran, from the record's profile (None where it was not profiled)."""
+    return ((record.get("profile") or {}).get("by_step") or {}).get("kernels")
 
 
 def _decode_speed_inductor(directory: Path) -> Table:
@@ -596,6 +606,7 @@ TABLES = {"ple-offload": (_ple_offload, GPU_TIER_DIR), "decode-by-route": (_deco
           "decode-speed": (_decode_speed, MEASUREMENTS_DIR),
           "decode-host-free": (lambda directory: _decode_speed(directory, "decode-host-free"), MEASUREMENTS_DIR),
           "decode-fused-norms": (lambda directory: _decode_speed(directory, "decode-fused-norms"), MEASUREMENTS_DIR),
+          "decode-fused": (lambda directory: _decode_speed(directory, "decode-fused", "cudagraphs"), MEASUREMENTS_DIR),
           "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
           "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR), "gguf-route": (_gguf_route, GGUF_DIR),
           "route-comparison": (_route_comparison, GGUF_DIR), "cited-route-comparison": (_cited_route_comparison, GGUF_DIR),

@@ -431,50 +431,59 @@ def render_long_context_and_speed() -> str:
                   "of the bandwidth limit. Beside it, " + "; ".join(
                       f"{row['route']} on an {row['gpu']}: about {row['decode_tokens_per_s']} tokens/s" for row in cited["rows"])
                   + f" ({cited['source']})."]
-    return "\n".join(lines + render_host_free(tuned) + render_fused_norms() + render_decode_on_cards(tuned) + render_inductor()
+    return "\n".join(lines + render_host_free() + render_fused_norms() + render_fused_rotary() + render_decode_on_cards(tuned) + render_inductor()
                      + render_decode_elsewhere())
 
 
-def render_host_free(tuned: dict) -> list:
-    """The host-free step beside today's CUDA-graph step of the same run, once recorded."""
+def render_step_run(preset: str, step: str, heading: str, not_yet: str) -> list:
+    """One preset's run of a decode step beside today's CUDA-graph step of the same run, once recorded: its table, the
+    command and the ratio; ``not_yet`` where the preset has not run."""
     from helpers import records
 
-    run = records.preset_records("decode-host-free")
-    table = records.table("decode-host-free")
-    if not table:
-        return ["", "The host-free step (`Decoder(host_free=True)`): not yet measured (`make bench PRESET=decode-host-free`)."]
+    run = records.preset_records(preset)
+    if not run:
+        return ["", not_yet]
     rates = {name: record.get("decode_tokens_per_s") for name, record in run.items()}
-    ratio = (f" It ran {rates['host-free'] / rates['cudagraphs']:.2f}x the CUDA-graph step of the same run."
-             if rates.get("host-free") and rates.get("cudagraphs") else "")
-    return ["", "**Decoding without the host in the loop** (`Decoder(host_free=True)`: the tables read in place from "
-            "pinned host memory, the token, positions and masks on the GPU):", "", table.markdown(), "",
+    ratio = (f" It ran {rates[step] / rates['cudagraphs']:.2f}x the CUDA-graph step of the same run."
+             if rates.get(step) and rates.get("cudagraphs") else "")
+    return ["", heading, "", records.table(preset).markdown(), "",
             f"Recorded by `{next(iter(run.values()))['command']}`.{ratio} The profile covers "
             f"{records.profile_covers(next((r for r in run.values() if r.get('profile')), {}))}."]
 
 
+def render_host_free() -> list:
+    return render_step_run(
+        "decode-host-free", "host-free",
+        "**Decoding without the host in the loop** (`Decoder(host_free=True)`: the tables read in place from pinned host "
+        "memory, the token, positions and masks on the GPU):",
+        "The host-free step (`Decoder(host_free=True)`): not yet measured (`make bench PRESET=decode-host-free`).")
+
+
 def render_fused_norms() -> list:
-    """The host-free step with each norm in one kernel beside today's CUDA-graph step of the same run, once recorded."""
     from helpers import records
 
+    lines = render_step_run(
+        "decode-fused-norms", "host-free-fused",
+        "**Each norm in one kernel** (`Decoder(host_free=True, fused_norms=True)`: the host-free step with each RMSNorm's "
+        "nine kernels in one that sums as ATen's CUDA mean does):",
+        "Each norm in one kernel (`Decoder(fused_norms=True)`, `helpers.exact_norm`): not yet measured "
+        "(`make bench PRESET=decode-fused-norms`); `tools/exact_norm_probe.py` checks its bits per shape.")
     run = records.preset_records("decode-fused-norms")
-    if not run:
-        return ["", "Each norm in one kernel (`Decoder(fused_norms=True)`, `helpers.exact_norm`): not yet measured "
-                "(`make bench PRESET=decode-fused-norms`); `tools/exact_norm_probe.py` checks its bits per shape."]
-    rates = {name: record.get("decode_tokens_per_s") for name, record in run.items()}
-    ratio = (f" It ran {rates['host-free-fused'] / rates['cudagraphs']:.2f}x the CUDA-graph step of the same run."
-             if rates.get("host-free-fused") and rates.get("cudagraphs") else "")
-    fused = run.get("host-free-fused", {})
-    kernels = {name: (run.get(name, {}).get("profile") or {}).get("by_step", {}).get("kernels")
-               for name in ("host-free-fused", "cudagraphs")}
-    partial = ""
-    if fused and "norms_fused" not in fused and all(kernels.values()):  # recorded before the swap took hooked norms
-        partial = (f" This run predates the fix that fuses the norms accelerate had hooked: it fused only the few that "
-                   f"never had a hook ({kernels['host-free-fused']:,.0f} kernels a step against the CUDA-graph step's "
-                   f"{kernels['cudagraphs']:,.0f}), so its speed is the host-free step's, not the fused norms'.")
-    return ["", "**Each norm in one kernel** (`Decoder(host_free=True, fused_norms=True)`: the host-free step with each "
-            "RMSNorm's nine kernels in one that sums as ATen's CUDA mean does):", "",
-            records.table("decode-fused-norms").markdown(), "",
-            f"Recorded by `{next(iter(run.values()))['command']}`.{ratio}{partial}"]
+    kernels = {name: records.kernels_per_step(run.get(name, {})) for name in ("host-free-fused", "cudagraphs")}
+    if run.get("host-free-fused") and "norms_fused" not in run["host-free-fused"] and all(kernels.values()):
+        lines[-1] += (f" This run predates the fix that fuses the norms accelerate had hooked: it fused only the few that "
+                      f"never had a hook ({kernels['host-free-fused']:,.0f} kernels a step against the CUDA-graph step's "
+                      f"{kernels['cudagraphs']:,.0f}), so its speed is the host-free step's, not the fused norms'.")
+    return lines
+
+
+def render_fused_rotary() -> list:
+    return render_step_run(
+        "decode-fused", "host-free-fused-rotary",
+        "**Every norm and rotary embedding in one kernel each** (`Decoder(host_free=True, fused_norms=True, "
+        "fused_rotary=True)`: `helpers.exact_rotary` rounds each product and the sum as ATen's bf16 kernels do):",
+        "Every norm and rotary embedding in one kernel each (`Decoder(fused_rotary=True)`): not yet measured "
+        "(`make bench PRESET=decode-fused`).")
 
 
 DECODE_CARDS = ("RTX 4060", "RTX 4050 Laptop", "RTX 3060", "Colab T4", "RTX 3090")
@@ -484,8 +493,11 @@ def render_decode_on_cards(tuned: dict) -> list:
     """The recorded steps' speeds carried to learners' cards by the planner (derived, not measured)."""
     from helpers import cards, planner, records
 
+    fused = records.preset_records("decode-fused")
     steps = {"CUDA-graph step": tuned, "host-free step": records.preset_records("decode-host-free").get("host-free", {}),
-             "host-free step, fused norms": records.preset_records("decode-fused-norms").get("host-free-fused", {})}
+             "host-free step, fused norms": fused.get("host-free-fused")
+             or records.preset_records("decode-fused-norms").get("host-free-fused", {}),
+             "host-free step, norms and rotary fused": fused.get("host-free-fused-rotary", {})}
     if steps["host-free step, fused norms"] and "norms_fused" not in steps["host-free step, fused norms"]:
         steps["host-free step, few norms fused"] = steps.pop("host-free step, fused norms")  # see render_fused_norms
     steps = {name: record for name, record in steps.items() if all(record.get(key) for key in planner.DECODE_RECORD_KEYS)}
