@@ -460,3 +460,30 @@ def test_every_mutation_still_finds_its_text_so_an_edit_to_helpers_cannot_break_
     gone = mutations.Mutation(name="control", path="helpers/synthetic.py", old="text that is in no file", new="", tests=())
     with pytest.raises(SystemExit, match="occurs 0 times"):
         mutations.check_applies(gone)
+
+
+def test_the_fused_step_is_shown_beside_the_cuda_graph_step_of_its_own_run(tmp_path, monkeypatch):
+    """A decode-fused run renders its ratio to that run's CUDA-graph step and both steps' kernels per step; an
+    unrecorded run says how to record it instead of printing an empty table."""
+    import functools
+
+    from helpers import records
+
+    tool = _tool("render_results")
+
+    def record(name, rate, kernels):
+        return {"configuration": {"model": "e4b-shape", "name": name, "ple": "cpu", "quant": "nf4", "card_gb": None},
+                "preset": "decode-fused",
+                "command": "python -m lab.bench decode-fused", "recorded_at": "2026-12-06T00:00:00",
+                "decode_tokens_per_s": rate, "profile": {"by_step": {"kernels": kernels}, "device_busy_fraction": 0.9}}
+
+    (tmp_path / "e4b-shape.jsonl").write_text("\n".join(json.dumps(r) for r in (
+        record("cudagraphs", 80.0, 4096), record("host-free-fused-rotary", 200.0, 1494))) + "\n")
+    monkeypatch.setattr(records, "preset_records", functools.partial(records.preset_records, directory=tmp_path))
+    monkeypatch.setattr(records, "table", functools.partial(records.table, directory=tmp_path))
+    text = "\n".join(tool.render_fused_rotary())
+    assert "It ran 2.50x the CUDA-graph step of the same run." in text
+    assert "| host-free-fused-rotary | 200.0 | 2.50 |" in text and "1,494" in text and "4,096" in text
+
+    (tmp_path / "e4b-shape.jsonl").write_text(json.dumps(record("cudagraphs", 80.0, 4096)).replace("decode-fused", "speed") + "\n")
+    assert "not yet measured (`make bench PRESET=decode-fused`)" in "\n".join(tool.render_fused_rotary())
