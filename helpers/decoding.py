@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import StaticSlidingWindowLayer
 
-from . import exact_norm, exact_rotary, placement
+from . import exact_layer, exact_norm, exact_rotary, placement
 from .errors import InvalidChoiceError, NoRecordError, RecordFileError, TunedDecodeError, require_bool, require_choice, require_whole_number
 from .long_context import cache_argument, new_cache, require_prompt
 from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
@@ -36,6 +36,7 @@ COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead")
 # eager: Dynamo traces the step (graph breaks show) but runs the same kernels, for the CPU;
 # cudagraphs: the eager step captured in a torch.cuda.CUDAGraph (no compiler; on a CPU the same static buffers,
 # run eagerly); reduce-overhead: Inductor's fused kernels in CUDA graphs
+FUSIONS = ("fused_norms", "fused_rotary", "fused_layers")  # the Decoder settings that swap in exact kernels
 
 PLE_OPTIONS = {
     "host lookup per token (this module)":
@@ -70,11 +71,12 @@ class Decoder:
     host_free: bool = False  # the token, its rows, positions and masks stay on the GPU: the host never waits
     fused_norms: bool = False  # each RMSNorm of a decode step in one kernel that sums as ATen does (exact_norm)
     fused_rotary: bool = False  # each rotary embedding of a decode step in one kernel that rounds as ATen does
+    fused_layers: bool = False  # each decoder layer's norm-and-residual ends in one kernel each (exact_layer)
 
     def __post_init__(self):
         if self.compile not in COMPILE_MODES:
             require_choice(self.compile, [m for m in COMPILE_MODES if m], "compile")
-        for name in ("remove_hooks", "ple_outside", "fullgraph", "host_free", "fused_norms", "fused_rotary"):
+        for name in ("remove_hooks", "ple_outside", "fullgraph", "host_free", *FUSIONS):
             require_bool(getattr(self, name), name)
         if self.chunk is not None:
             require_whole_number(self.chunk, "chunk", unit="tokens")
@@ -82,7 +84,7 @@ class Decoder:
             raise InvalidChoiceError(f"Decoder(host_free=True) runs the step eagerly or in a CUDA graph with the rows "
                                      f"gathered from the step's own token: leave compile={self.compile!r} and "
                                      f"ple_outside={self.ple_outside!r} at their defaults (or compile=None).")
-        fused = next((name for name in ("fused_norms", "fused_rotary") if getattr(self, name)), None)
+        fused = next((name for name in FUSIONS if getattr(self, name)), None)
         if fused and self.compile not in (None, "cudagraphs"):
             raise InvalidChoiceError(f"Decoder({fused}=True) replays its own kernels eagerly or in a CUDA graph; "
                                      f"a compiler would trace them again: leave compile={self.compile!r} out "
@@ -101,7 +103,7 @@ class Decoder:
     def label(self) -> str:
         return f"compile={self.compile or 'none'}, hooks {'removed' if self.remove_hooks else 'kept'}, " \
                f"PLE {'outside' if self.ple_outside else 'inside'} the step" + (", host-free" if self.host_free else "") \
-               + (", fused norms" if self.fused_norms else "") + (", fused rotary" if self.fused_rotary else "")
+               + "".join(f", {name.replace('_', ' ')}" for name in FUSIONS if getattr(self, name))
 
 
 # --------------------------------------------------------------------------- accelerate's hooks
@@ -454,7 +456,7 @@ class TunedGreedy:
             self.position = torch.zeros((1, 1), dtype=torch.long, device=self.device)
             self._aranges, self._mask_aranges = {}, {}
         self.fused_norms = None
-        fused = [name for name in ("fused_norms", "fused_rotary") if getattr(settings, name)]
+        fused = [name for name in FUSIONS if getattr(settings, name)]
         if fused and self.device.type == "cuda" and not exact_norm.triton_available():
             raise TunedDecodeError(f"Decoder({fused[0]}=True) needs triton, which PyTorch's CUDA wheels bring: install "
                                    f"the CUDA build of torch, or leave {fused[0]} out.")
@@ -464,6 +466,10 @@ class TunedGreedy:
         self.fused_rotary = None
         if settings.fused_rotary:
             self.fused_rotary = exact_rotary.fuse_rotary()  # swapped in only around the decode loop, as the norms
+        self.fused_layers = None
+        if settings.fused_layers:
+            self.fused_layers = exact_layer.fuse_layers(model)  # likewise
+            self.fused_layers.restore()
         forward = self._host_free_forward if settings.host_free else model.forward
         self.graphs = StepGraphs(forward, self.device) if settings.compile == "cudagraphs" else None
         self._cache, self._cache_len = None, None
@@ -658,7 +664,8 @@ class TunedGreedy:
             prefilled = time.perf_counter()
             norms = self.fused_norms.installed() if self.fused_norms else contextlib.nullcontext()
             rotary = self.fused_rotary.installed() if self.fused_rotary else contextlib.nullcontext()
-            with torch.profiler.record_function(decode_range(new_tokens - 1)), norms, rotary:
+            layers = self.fused_layers.installed() if self.fused_layers else contextlib.nullcontext()
+            with torch.profiler.record_function(decode_range(new_tokens - 1)), norms, rotary, layers:
                 tokens, kept = decode(logits, ids.shape[1], new_tokens, keep_logits, cache, mask_2d)
             synchronize(self.device)
             done = time.perf_counter()

@@ -10,6 +10,9 @@ fp32 and easy to repeat; the mean's fp32 sum has the order of ATen's CUDA reduct
 * ``aten_mean_order(squares)``: that mean, summed in that order with plain torch ops (runs on the CPU);
 * ``fused_rms_norm(x, weight32, eps)``: the whole norm as one Triton kernel with the same order (triton is
   imported on first use, so this module imports without it);
+* ``fused_residual_norm(x, weight32, eps, residual, ...)``: a decoder layer's norm, the residual add after it, the
+  layer scalar and the next norm in one kernel (``exact_layer`` swaps it in); ``residual_norm_eager`` is the same
+  sequence in torch ops;
 * ``fuse_norms(model)``: every ``Gemma4RMSNorm`` of a model takes the fused kernel for one-token inputs and keeps
   its own forward for anything else (prefill); ``.restore()`` puts the modules back;
 * ``decode_norm_shapes(config)``: the norms one decode step really runs, traced on the meta device.
@@ -131,20 +134,23 @@ def aten_mean_order(squares: torch.Tensor, *, rows: int | None = None) -> torch.
 # ------------------------------------------------------------------ the fused kernel (Triton)
 
 
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, mean_ptr, factor, eps, N: tl.constexpr, BLOCK_X: tl.constexpr,
-                     LEVELS: tl.constexpr, CHUNKS: tl.constexpr, HAS_WEIGHT: tl.constexpr, WRITE_MEAN: tl.constexpr,
-                     INTERPRET: tl.constexpr):
-    """One program per row: x (bf16, fp16 or fp32) -> fp32 -> square -> ATen's tree -> * factor -> + eps -> rsqrt
-    -> x * r (* w) -> x's dtype. Compiled with enable_fp_fusion=False, so no multiply-add becomes an FMA. rsqrt is
-    libdevice's __nv_rsqrtf, the function CUDA's rsqrtf is; Triton's interpreter has no libdevice and takes
-    tl.rsqrt (numpy's 1/sqrt), whose bits may differ: there only the mean is checked."""
-    row_start = tl.program_id(0) * N
+def _to_bf16(v):
+    """fp32 -> the nearest bf16 (ties to even), kept in fp32: integer arithmetic on the bits, so Triton's
+    interpreter (whose casts truncate) rounds as the GPU's cvt.rn does. Inputs here are finite."""
+    bits = v.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+def _sum_of_squares(row_ptr, N: tl.constexpr, BLOCK_X: tl.constexpr, LEVELS: tl.constexpr, CHUNKS: tl.constexpr):
+    """One row's fp32 squares summed in ATen's order (``MeanOrder``): thread ``lane``'s four accumulators, then the
+    halving tree. Shape [1]."""
     lane = tl.arange(0, BLOCK_X)[:, None]  # the ATen thread (threadIdx.x)
     slot = tl.arange(0, 4)[None, :]  # its accumulator
     acc = tl.zeros([BLOCK_X, 4], dtype=tl.float32)
     for chunk in tl.static_range(CHUNKS):
         offs = (chunk * BLOCK_X + lane) * 4 + slot
-        x = tl.load(x_ptr + row_start + offs, mask=offs < N, other=0.0).to(tl.float32)
+        x = tl.load(row_ptr + offs, mask=offs < N, other=0.0).to(tl.float32)
         acc = acc + x * x
     even, odd = tl.split(tl.reshape(acc, [BLOCK_X, 2, 2]))  # accumulators (0, 2) and (1, 3)
     a0, a2 = tl.split(even)
@@ -153,13 +159,32 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, mean_ptr, factor, eps, N: tl.constex
     for level in tl.static_range(LEVELS):  # v[i] + v[i + h]: row 0 and row 1 of v as [2, h]
         low, high = tl.split(tl.trans(tl.reshape(total, [2, BLOCK_X >> (level + 1)])))
         total = low + high
-    mean = total * factor  # [1]
+    return total
+
+
+def _rsqrt(v, INTERPRET: tl.constexpr):
+    """libdevice's __nv_rsqrtf, the function CUDA's rsqrtf is; Triton's interpreter has no libdevice and takes
+    tl.rsqrt (numpy's 1/sqrt), whose bits may differ."""
+    if INTERPRET:
+        root = tl.rsqrt(v)
+    else:
+        root = libdevice.rsqrt(v)
+    return root
+
+
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, mean_ptr, factor, eps, N: tl.constexpr, BLOCK_X: tl.constexpr,
+                     LEVELS: tl.constexpr, CHUNKS: tl.constexpr, HAS_WEIGHT: tl.constexpr, WRITE_MEAN: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    """One program per row: x (bf16, fp16 or fp32) -> fp32 -> square -> ATen's tree -> * factor -> + eps -> rsqrt
+    -> x * r (* w) -> x's dtype. Compiled with enable_fp_fusion=False, so no multiply-add becomes an FMA. In the
+    interpreter only the mean is checked (its rsqrt and casts differ)."""
+    row_start = tl.program_id(0) * N
+    lane = tl.arange(0, BLOCK_X)[:, None]
+    slot = tl.arange(0, 4)[None, :]
+    mean = _sum_of_squares(x_ptr + row_start, N, BLOCK_X, LEVELS, CHUNKS) * factor  # [1]
     if WRITE_MEAN:
         tl.store(mean_ptr + tl.program_id(0) + tl.arange(0, 1), mean)
-    if INTERPRET:
-        r = tl.reshape(tl.rsqrt(mean + eps), [1, 1])
-    else:
-        r = tl.reshape(libdevice.rsqrt(mean + eps), [1, 1])
+    r = tl.reshape(_rsqrt(mean + eps, INTERPRET), [1, 1])
     for chunk in tl.static_range(CHUNKS):
         offs = (chunk * BLOCK_X + lane) * 4 + slot
         x = tl.load(x_ptr + row_start + offs, mask=offs < N, other=0.0).to(tl.float32)
@@ -169,16 +194,67 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, mean_ptr, factor, eps, N: tl.constex
         tl.store(out_ptr + row_start + offs, y.to(out_ptr.dtype.element_ty), mask=offs < N)
 
 
-@functools.lru_cache(maxsize=2)
-def _triton_kernel(interpret: bool):
-    """The kernel, jitted on first use (``interpret``: TRITON_INTERPRET was set, CPU tensors)."""
+def _residual_norm_kernel(x_ptr, w_ptr, res_ptr, scale_ptr, out_ptr, w2_ptr, out2_ptr, factor, eps, eps2,
+                          N: tl.constexpr, BLOCK_X: tl.constexpr, LEVELS: tl.constexpr, CHUNKS: tl.constexpr,
+                          HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, INTERPRET: tl.constexpr):
+    """One bf16 row (the decode token): h = bf16(res + bf16(norm(x) * w)), then h = bf16(h * scale) with
+    HAS_SCALE, stored; with HAS_NEXT the next norm of that h, bf16(norm(h) * w2), too. Each bf16 rounding is done on
+    the bits, so the interpreter rounds as the GPU does."""
+    lane = tl.arange(0, BLOCK_X)[:, None]
+    slot = tl.arange(0, 4)[None, :]
+    r = tl.reshape(_rsqrt(_sum_of_squares(x_ptr, N, BLOCK_X, LEVELS, CHUNKS) * factor + eps, INTERPRET), [1, 1])
+    for chunk in tl.static_range(CHUNKS):
+        offs = (chunk * BLOCK_X + lane) * 4 + slot
+        inside = offs < N
+        x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+        y = _to_bf16((x * r) * tl.load(w_ptr + offs, mask=inside, other=0.0))
+        h = _to_bf16(tl.load(res_ptr + offs, mask=inside, other=0.0).to(tl.float32) + y)
+        if HAS_SCALE:
+            h = _to_bf16(h * tl.reshape(tl.load(scale_ptr + tl.arange(0, 1)).to(tl.float32), [1, 1]))
+        tl.store(out_ptr + offs, h.to(tl.bfloat16), mask=inside)  # already a bf16 value: the cast is exact
+    if HAS_NEXT:
+        tl.debug_barrier()  # every thread's part of h is in memory before the next norm reads the row back
+        r2 = tl.reshape(_rsqrt(_sum_of_squares(out_ptr, N, BLOCK_X, LEVELS, CHUNKS) * factor + eps2, INTERPRET), [1, 1])
+        for chunk in tl.static_range(CHUNKS):
+            offs = (chunk * BLOCK_X + lane) * 4 + slot
+            inside = offs < N
+            h = tl.load(out_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+            z = _to_bf16((h * r2) * tl.load(w2_ptr + offs, mask=inside, other=0.0))
+            tl.store(out2_ptr + offs, z.to(tl.bfloat16), mask=inside)
+
+
+@functools.cache
+def jit_helpers() -> dict:
+    """Bind triton (imported on first use) and jit the functions the kernels call, here and in exact_rotary: name ->
+    JITFunction, each also bound in this module, where the kernels look it up."""
     global tl, libdevice
     import triton
     import triton.language
     from triton.language.extra import libdevice as triton_libdevice
 
     tl, libdevice = triton.language, triton_libdevice
+    jitted = {name: triton.jit(function) for name, function in
+              (("_to_bf16", _to_bf16), ("_sum_of_squares", _sum_of_squares), ("_rsqrt", _rsqrt))}
+    globals().update(jitted)  # before the kernels are jitted: they call these by name
+    return jitted
+
+
+@functools.lru_cache(maxsize=2)
+def _triton_kernel(interpret: bool):
+    """The norm kernel, jitted on first use (``interpret``: TRITON_INTERPRET was set, CPU tensors)."""
+    import triton
+
+    jit_helpers()
     return triton.jit(_rms_norm_kernel)
+
+
+@functools.lru_cache(maxsize=2)
+def _residual_kernel(interpret: bool):
+    """The norm-and-residual kernel, jitted on first use."""
+    import triton
+
+    jit_helpers()
+    return triton.jit(_residual_norm_kernel)
 
 
 def triton_available() -> bool:
@@ -214,6 +290,60 @@ def fused_rms_norm(x: torch.Tensor, weight32: torch.Tensor | None, eps: float, *
                     CHUNKS=order.chunks, HAS_WEIGHT=weight32 is not None, WRITE_MEAN=mean_out is not None, INTERPRET=interpret,
                     num_warps=max(1, min(8, order.block_x // 64)), enable_fp_fusion=False)
     return out
+
+
+def fused_residual_norm(x: torch.Tensor, weight32: torch.Tensor, eps: float, residual: torch.Tensor, *,
+                        scale: torch.Tensor | None = None, next_weight32: torch.Tensor | None = None,
+                        next_eps: float | None = None):
+    """A decoder layer's norm and the residual add after it in one launch, for one bf16 token: ``h = residual +
+    norm(x)``, then ``h *= scale`` (the layer scalar) where given, each rounded to bf16 as ATen's kernels round.
+    With ``next_weight32`` the norm that reads ``h`` next runs in the same launch: returns ``(h, norm(h))``, else
+    ``h``. ``residual_norm_eager`` is the same sequence in torch ops."""
+    n = x.shape[-1]
+    tensors = {"x": x, "residual": residual}
+    if any(t.dtype != torch.bfloat16 or not t.is_contiguous() or t.numel() != n for t in tensors.values()):
+        raise InvalidChoiceError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must each be one contiguous "
+                                 f"bf16 row of {n} values: the kernel joins one decode token's norm and residual add.")
+    for name, weight in (("weight32", weight32), ("next_weight32", next_weight32)):
+        if weight is not None and (weight.dtype != torch.float32 or weight.numel() != n or not weight.is_contiguous()):
+            raise InvalidChoiceError(f"{name} must be a contiguous float32 tensor of {n} values (cast it once, "
+                                     f"outside the step).")
+    if weight32 is None:
+        raise InvalidChoiceError("weight32 is required: the layer norms before a residual add carry a weight.")
+    if scale is not None and scale.numel() != 1:
+        raise InvalidChoiceError(f"scale must hold one value (got {scale.numel()}): the layer scalar.")
+    eps = require_number(eps, "eps")
+    next_eps = eps if next_eps is None else require_number(next_eps, "next_eps")
+    order = mean_order(1, n)
+    out = torch.empty_like(x)
+    normed = torch.empty_like(x) if next_weight32 is not None else out
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    _residual_kernel(interpret)[(1,)](
+        x, weight32, residual, x if scale is None else scale, out, weight32 if next_weight32 is None else next_weight32,
+        normed, order.factor, float(np.float32(eps)), float(np.float32(next_eps)), N=n, BLOCK_X=order.block_x,
+        LEVELS=order.levels, CHUNKS=order.chunks, HAS_SCALE=scale is not None, HAS_NEXT=next_weight32 is not None,
+        INTERPRET=interpret, num_warps=max(1, min(8, order.block_x // 64)), enable_fp_fusion=False)
+    return (out, normed) if next_weight32 is not None else out
+
+
+def residual_norm_eager(x, weight32, eps, residual, *, scale=None, next_weight32=None, next_eps=None, mean=None,
+                        rsqrt=None):
+    """What ``fused_residual_norm`` computes, as the eager modules compute it: ``Gemma4RMSNorm``'s ops, the bf16
+    add and the in-place scale. ``mean`` and ``rsqrt`` replace ``.mean(-1, keepdim=True)`` and ``pow(-0.5)`` (to
+    emulate another device's order)."""
+    mean = mean or (lambda squares: squares.mean(-1, keepdim=True))
+    rsqrt = rsqrt or (lambda v: torch.pow(v, -0.5))
+
+    def norm(t, w, e):
+        t32 = t.float()
+        return ((t32 * rsqrt(mean(t32.pow(2)) + e)) * w).type_as(t)
+
+    h = residual + norm(x, weight32, eps)
+    if scale is not None:
+        h *= scale
+    if next_weight32 is None:
+        return h
+    return h, norm(h, next_weight32, eps if next_eps is None else next_eps)
 
 
 # ------------------------------------------------------------------ the model's norms

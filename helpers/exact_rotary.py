@@ -20,20 +20,14 @@ import os
 
 import torch
 
+from . import exact_norm
 from .errors import InvalidChoiceError
 
 MODELING_MODULE = "transformers.models.gemma4.modeling_gemma4"
 FUNCTION = "apply_rotary_pos_emb"
 
 tl = None  # triton.language, bound by _triton_kernel() on first use (the kernel's source names it)
-
-
-def _to_bf16(v):
-    """fp32 -> the nearest bf16 (ties to even), kept in fp32: integer arithmetic on the bits, so Triton's
-    interpreter (whose casts truncate) rounds as the GPU's cvt.rn does. Inputs here are finite."""
-    bits = v.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
+_to_bf16 = None  # exact_norm._to_bf16, jitted: bound by _triton_kernel() likewise
 
 
 def _rotary_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, D: tl.constexpr, HALF: tl.constexpr):
@@ -57,10 +51,9 @@ def _triton_kernel(interpret: bool):
     """The kernel, jitted on first use (``interpret``: TRITON_INTERPRET was set, CPU tensors)."""
     global tl
     import triton
-    import triton.language
 
-    tl = triton.language
-    globals()["_to_bf16"] = triton.jit(_to_bf16)  # the kernel calls it by this name: jitted before the kernel
+    globals()["_to_bf16"] = exact_norm.jit_helpers()["_to_bf16"]  # the kernel calls it by this name
+    tl = exact_norm.tl
     return triton.jit(_rotary_kernel)
 
 

@@ -208,15 +208,16 @@ def presets() -> dict:
                                        profile=True),
                                _decode(name="host-free-fused-nudged", decode="host-free-fused", route="ple-cpu-nudged",
                                        reference="generate-static", control=True)],
-        # every norm fused (the swap had skipped the hooked ones) and the rotary embeddings too, beside today's
-        # CUDA-graph step in one run, with the control; plain generate is in decode-fused-norms
+        # every norm and rotary embedding fused (the norm swap had skipped the hooked ones), then the layers' block
+        # ends too, beside today's CUDA-graph step in one run, with the control on the most fused; plain generate is
+        # in decode-fused-norms
         "decode-fused": [_decode(name="generate-static", decode="generate-static"),
                          _decode(name="cudagraphs", decode="cudagraphs", reference="generate-static", profile=True),
-                         _decode(name="host-free-fused", decode="host-free-fused", reference="generate-static",
-                                 profile=True),
                          _decode(name="host-free-fused-rotary", decode="host-free-fused-rotary",
                                  reference="generate-static", profile=True),
-                         _decode(name="host-free-fused-rotary-nudged", decode="host-free-fused-rotary",
+                         _decode(name="host-free-fused-layers", decode="host-free-fused-layers",
+                                 reference="generate-static", profile=True),
+                         _decode(name="host-free-fused-layers-nudged", decode="host-free-fused-layers",
                                  route="ple-cpu-nudged", reference="generate-static", control=True)],
         "decode-host-free-more": [_decode(name="host-free-8gb", decode="host-free", card_gb=8),
                                   _decode(name="host-free-bf16", decode="host-free", quant="bf16"),

@@ -35,6 +35,8 @@ Decoding speed (``helpers.decoding``): ``--decode MODE`` times greedy decoding o
   host-free-fused  the same with each RMSNorm in one kernel that sums as ATen's CUDA mean does (helpers.exact_norm)
   host-free-fused-rotary  and each rotary embedding in one kernel that rounds as ATen's bf16 kernels do
                    (helpers.exact_rotary)
+  host-free-fused-layers  and each decoder layer's norm-and-residual block ends in one kernel each
+                   (helpers.exact_layer)
 ``--profile-trace PATH`` also writes a ``torch.profiler`` Chrome trace of ``--profile-steps`` decode steps.
 """
 
@@ -50,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import cards, decoding, exact_norm, loading, models, placement, quantization
+from helpers import cards, decoding, exact_layer, exact_norm, loading, models, placement, quantization
 from helpers.errors import CourseError
 from helpers.host_memory import PeakSampler, peak_rss_bytes
 from helpers.long_context import DEFAULT_CHUNK, LongContext, longest_prompt
@@ -75,17 +77,19 @@ ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nu
 # --decode modes: None = plain generate; otherwise decoding.Decoder's compile setting
 DECODE_MODES = {"generate": None, "generate-static": None, "loop": None, "dynamo": "eager", "cudagraphs": "cudagraphs",
                 "reduce-overhead": "reduce-overhead", "host-free": "cudagraphs", "host-free-fused": "cudagraphs",
-                "host-free-fused-rotary": "cudagraphs"}
+                "host-free-fused-rotary": "cudagraphs", "host-free-fused-layers": "cudagraphs"}
 # decoding.Decoder(host_free=True): no host read inside the loop
-HOST_FREE_MODES = ("host-free", "host-free-fused", "host-free-fused-rotary")
-FUSED_NORM_MODES = ("host-free-fused", "host-free-fused-rotary")  # decoding.Decoder(fused_norms=True)
-FUSED_ROTARY_MODES = ("host-free-fused-rotary",)  # decoding.Decoder(fused_rotary=True)
+HOST_FREE_MODES = ("host-free", "host-free-fused", "host-free-fused-rotary", "host-free-fused-layers")
+FUSED_NORM_MODES = HOST_FREE_MODES[1:]  # decoding.Decoder(fused_norms=True)
+FUSED_ROTARY_MODES = HOST_FREE_MODES[2:]  # decoding.Decoder(fused_rotary=True)
+FUSED_LAYER_MODES = HOST_FREE_MODES[3:]  # decoding.Decoder(fused_layers=True)
 
 
 def decoder(decode: str):
     """The ``decoding.Decoder`` of a tuned ``--decode`` mode."""
     return decoding.Decoder(compile=DECODE_MODES[decode], host_free=decode in HOST_FREE_MODES,
-                            fused_norms=decode in FUSED_NORM_MODES, fused_rotary=decode in FUSED_ROTARY_MODES)
+                            fused_norms=decode in FUSED_NORM_MODES, fused_rotary=decode in FUSED_ROTARY_MODES,
+                            fused_layers=decode in FUSED_LAYER_MODES)
 
 
 def path_settings(path: str | None, chunk: int = DEFAULT_CHUNK) -> LongContext | None:
@@ -325,6 +329,8 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
             record["tables_read_in_place"] = tuned.mapped_tables
         if tuned.fused_norms is not None:  # of all the model's norms: a swap that missed some shows here
             record["norms_fused"] = {"fused": len(tuned.fused_norms.modules), "of": len(exact_norm.norm_modules(model))}
+        if tuned.fused_layers is not None:  # likewise for the decoder layers whose block ends were joined
+            record["layers_fused"] = {"fused": len(tuned.fused_layers.modules), "of": len(exact_layer.layer_modules(model))}
         graphs = tuned.graphs
 
         def run(keep_logits: bool):

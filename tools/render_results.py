@@ -431,8 +431,8 @@ def render_long_context_and_speed() -> str:
                   "of the bandwidth limit. Beside it, " + "; ".join(
                       f"{row['route']} on an {row['gpu']}: about {row['decode_tokens_per_s']} tokens/s" for row in cited["rows"])
                   + f" ({cited['source']})."]
-    return "\n".join(lines + render_host_free() + render_fused_norms() + render_fused_rotary() + render_decode_on_cards(tuned) + render_inductor()
-                     + render_decode_elsewhere())
+    return "\n".join(lines + render_host_free() + render_fused_norms() + render_fused_step() + render_decode_on_cards(tuned)
+                     + render_inductor() + render_decode_elsewhere())
 
 
 def render_step_run(preset: str, step: str, heading: str, not_yet: str) -> list:
@@ -477,13 +477,14 @@ def render_fused_norms() -> list:
     return lines
 
 
-def render_fused_rotary() -> list:
+def render_fused_step() -> list:
     return render_step_run(
-        "decode-fused", "host-free-fused-rotary",
-        "**Every norm and rotary embedding in one kernel each** (`Decoder(host_free=True, fused_norms=True, "
-        "fused_rotary=True)`: `helpers.exact_rotary` rounds each product and the sum as ATen's bf16 kernels do):",
-        "Every norm and rotary embedding in one kernel each (`Decoder(fused_rotary=True)`): not yet measured "
-        "(`make bench PRESET=decode-fused`).")
+        "decode-fused", "host-free-fused-layers",
+        "**Every norm, rotary embedding and block end in one kernel each** (`Decoder(host_free=True, fused_norms=True, "
+        "fused_rotary=True)`, then `fused_layers=True`: `helpers.exact_rotary` and `helpers.exact_layer` round each "
+        "step to bf16 as ATen's kernels do):",
+        "Every norm, rotary embedding and block end in one kernel each (`Decoder(fused_rotary=True, "
+        "fused_layers=True)`): not yet measured (`make bench PRESET=decode-fused`).")
 
 
 DECODE_CARDS = ("RTX 4060", "RTX 4050 Laptop", "RTX 3060", "Colab T4", "RTX 3090")
@@ -495,9 +496,9 @@ def render_decode_on_cards(tuned: dict) -> list:
 
     fused = records.preset_records("decode-fused")
     steps = {"CUDA-graph step": tuned, "host-free step": records.preset_records("decode-host-free").get("host-free", {}),
-             "host-free step, fused norms": fused.get("host-free-fused")
-             or records.preset_records("decode-fused-norms").get("host-free-fused", {}),
-             "host-free step, norms and rotary fused": fused.get("host-free-fused-rotary", {})}
+             "host-free step, fused norms": records.preset_records("decode-fused-norms").get("host-free-fused", {}),
+             "host-free step, norms and rotary fused": fused.get("host-free-fused-rotary", {}),
+             "host-free step, block ends joined too": fused.get("host-free-fused-layers", {})}
     if steps["host-free step, fused norms"] and "norms_fused" not in steps["host-free step, fused norms"]:
         steps["host-free step, few norms fused"] = steps.pop("host-free step, fused norms")  # see render_fused_norms
     steps = {name: record for name, record in steps.items() if all(record.get(key) for key in planner.DECODE_RECORD_KEYS)}

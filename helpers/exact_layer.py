@@ -1,0 +1,127 @@
+"""Gemma 4's decoder layer in a decode step with each residual add joined to the norm before it, with the eager
+layer's bits on CUDA.
+
+A decoder layer ends each of its three blocks the same way: a norm, then ``residual + normed``; the last also
+scales by the layer scalar, and after the attention block the next norm reads the sum at once. Eagerly that is
+eight kernels a layer beside the norms (three adds, the scale, and the norm reading the sum); here each block's end
+is one kernel (``exact_norm.fused_residual_norm``), which rounds every step to bf16 as ATen's kernels do:
+
+* ``fuse_layers(model)``: each decoder layer takes a forward that runs the joined kernels for one-token CUDA
+  inputs and its own forward for anything else (prefill); ``.installed()`` puts it in for a while, ``.restore()``
+  takes it out;
+* ``layer_modules(model)``: the layers it can join (dense MLP, per-layer inputs, a scalar, weighted norms).
+
+The attention, the MLP and the per-layer-input projection still run as the model's own modules (fused norms and
+rotary included where those are installed). tests/gpu/test_exact_layer_gpu.py checks the kernel's bits against the
+eager modules on a GPU, with a one-ulp control.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+
+from . import exact_norm
+from .errors import require_model
+
+LAYER_CLASS = "Gemma4TextDecoderLayer"
+JOINED_NORMS = ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+                "post_per_layer_input_norm")
+
+
+def is_decode_input(hidden_states: torch.Tensor) -> bool:
+    """One bf16 token of one sequence on CUDA ([1, 1, hidden]) whose norm order ``exact_norm`` derives."""
+    return (hidden_states.dtype == torch.bfloat16 and hidden_states.numel() == hidden_states.shape[-1]
+            and exact_norm.is_decode_input(hidden_states))
+
+
+def _joinable(layer) -> bool:
+    """A dense layer with per-layer inputs, one scalar and weighted ``Gemma4RMSNorm``s at each block's end."""
+    norms = [getattr(layer, name, None) for name in JOINED_NORMS]
+    return (type(layer).__name__ == LAYER_CLASS and not getattr(layer, "enable_moe_block", False)
+            and bool(getattr(layer, "hidden_size_per_layer_input", 0)) and getattr(layer, "layer_scalar", None) is not None
+            and layer.layer_scalar.numel() == 1
+            and all(type(norm).__name__ == exact_norm.NORM_CLASS and getattr(norm, "with_scale", True) for norm in norms))
+
+
+def layer_modules(model) -> list:
+    """Every decoder layer of ``model`` whose block ends ``fuse_layers`` can join, in module order."""
+    require_model(model)
+    return [m for m in model.modules() if _joinable(m)]
+
+
+def _weight32(norm) -> torch.Tensor:
+    return norm.weight.detach().float().contiguous()
+
+
+def _fused_forward(layer):
+    original = layer.forward  # the class's forward, bound
+    signature = inspect.signature(original)
+    keywords = next((name for name, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), None)
+    post_attention, pre_feedforward, post_feedforward, post_per_layer = (
+        (_weight32(getattr(layer, name)), exact_norm._norm_eps(getattr(layer, name))) for name in JOINED_NORMS)
+
+    def forward(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        arguments = signature.bind(hidden_states, *args, **kwargs).arguments
+        per_layer_input = arguments.pop("per_layer_input", None)
+        if per_layer_input is None or not is_decode_input(hidden_states):
+            return original(hidden_states, *args, **kwargs)
+        arguments.pop("hidden_states")
+        attention = {**arguments, **arguments.pop(keywords, {})} if keywords else arguments  # as the layer passes them
+        residual = hidden_states
+        hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **attention)
+        residual, hidden_states = exact_norm.fused_residual_norm(
+            hidden_states, *post_attention, residual, next_weight32=pre_feedforward[0], next_eps=pre_feedforward[1])
+        residual = exact_norm.fused_residual_norm(layer.mlp(hidden_states), *post_feedforward, residual)
+        hidden_states = layer.act_fn(layer.per_layer_input_gate(residual)) * per_layer_input
+        return exact_norm.fused_residual_norm(layer.per_layer_projection(hidden_states), *post_per_layer, residual,
+                                              scale=layer.layer_scalar)
+
+    return forward
+
+
+class FusedLayers:
+    """The layers ``fuse_layers`` swapped and their joined forwards: ``restore()`` (or leaving a ``with`` block) gives
+    each its own forward back; ``installed()`` puts the same forwards in again for a while (the same fp32 weights,
+    which a CUDA graph captured earlier still reads)."""
+
+    def __init__(self, forwards: dict):
+        self.forwards = forwards  # layer -> its joined forward
+
+    @property
+    def modules(self) -> list:
+        return list(self.forwards)
+
+    def restore(self) -> int:
+        for layer in self.forwards:
+            vars(layer).pop("forward", None)
+        return len(self.forwards)
+
+    @contextlib.contextmanager
+    def installed(self):
+        for layer, forward in self.forwards.items():
+            layer.forward = forward
+        try:
+            yield self
+        finally:
+            self.restore()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+
+def fuse_layers(model) -> FusedLayers:
+    """Give each joinable decoder layer of ``model`` the forward whose block ends run as one kernel each for one-token
+    CUDA inputs, falling back to its own forward for any other input. Call it after the model is placed (each norm
+    weight is cast to fp32 once, here) and after accelerate's hooks are removed."""
+    require_model(model)
+    layers = [layer for layer in layer_modules(model) if exact_norm._runs_its_class_forward(layer)]
+    forwards = {layer: _fused_forward(layer) for layer in layers}
+    for layer, forward in forwards.items():
+        layer.forward = forward
+    return FusedLayers(forwards)
