@@ -471,7 +471,8 @@ def _decode_speed_inductor(directory: Path) -> Table:
 
 def _decode_speed_elsewhere(directory: Path) -> Table:
     rows, commands = [], []
-    for preset, model in (("decode-speed-more", "e4b-shape"), ("decode-speed-e2b", "e2b-shape")):
+    for preset, model in (("decode-speed-more", "e4b-shape"), ("decode-host-free-more", "e4b-shape"),
+                          ("decode-speed-e2b", "e2b-shape")):
         run = preset_records(preset, model, directory)
         history = decode_rates_over_runs(preset, model, directory)
         commands += [_command(run)] if run else []

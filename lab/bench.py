@@ -221,8 +221,9 @@ def presets() -> dict:
                                  route="ple-cpu-nudged", reference="generate-static", control=True)],
         "decode-host-free-more": [_decode(name="host-free-8gb", decode="host-free", card_gb=8),
                                   _decode(name="host-free-bf16", decode="host-free", quant="bf16"),
-                                  _decode(name="host-free-fused-8gb", decode="host-free-fused", card_gb=8),
-                                  _decode(name="host-free-fused-bf16", decode="host-free-fused", quant="bf16")],
+                                  _decode(name="host-free-fused-layers-8gb", decode="host-free-fused-layers", card_gb=8),
+                                  _decode(name="host-free-fused-layers-bf16", decode="host-free-fused-layers",
+                                          quant="bf16")],
         "decode-speed-e2b": [_decode(model="e2b-shape", name="e2b-cpu-generate", decode="generate"),
                              _decode(model="e2b-shape", name="e2b-cpu-cudagraphs", decode="cudagraphs")],
     }

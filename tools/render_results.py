@@ -586,7 +586,8 @@ def render_decode_elsewhere() -> list:
             "column: the lowest and highest tokens/s over every recorded run of that configuration, other machines "
             "and days, which is why ratios are taken within one run):", "",
             elsewhere.markdown(),
-            "", "Recorded by `python -m lab.bench decode-speed-more` (and `decode-speed-e2b`).", *cap_sentence]
+            "", "Recorded by `python -m lab.bench decode-speed-more` (and `decode-host-free-more`, `decode-speed-e2b`).",
+            *cap_sentence]
 
 
 def render_gpu_run(run: dict) -> str:
