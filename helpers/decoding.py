@@ -455,6 +455,7 @@ class TunedGreedy:
             self.next_token = torch.zeros((1, 1), dtype=torch.long, device=self.device)
             self.position = torch.zeros((1, 1), dtype=torch.long, device=self.device)
             self._aranges, self._mask_aranges = {}, {}
+            self._mask_values = self._additive_mask_values()  # kept for good, as the aranges: a graph holds them
         self.fused_norms = None
         fused = [name for name in FUSIONS if getattr(settings, name)]
         if fused and self.device.type == "cuda" and not exact_norm.triton_available():
@@ -539,9 +540,23 @@ class TunedGreedy:
 
     def _graph_masks(self) -> dict:
         """Each attention mask of the step from ``position`` on the device: ``arange(size) <= position`` (keys up to
-        the step's own), the rule ``_mask_sizes`` checked against transformers' masks before the loop."""
-        return {name: None if arange is None else arange <= self.position.view(1, 1, 1, 1)
-                for name, arange in self._mask_aranges.items()}
+        the step's own), the rule ``_mask_sizes`` checked against transformers' masks before the loop. For sdpa, the
+        additive mask sdpa would make of it in every layer (``where(mask, 0, -inf)`` in the query's dtype, three
+        kernels a layer), made once per mask: the attention kernels read the same values."""
+        masks = {name: None if arange is None else arange <= self.position.view(1, 1, 1, 1)
+                 for name, arange in self._mask_aranges.items()}
+        if self._mask_values is None:
+            return masks
+        return {name: None if mask is None else torch.where(mask, *self._mask_values) for name, mask in masks.items()}
+
+    def _additive_mask_values(self) -> tuple | None:
+        """(0, -inf) in the query's dtype where the attention is sdpa, which turns a boolean mask into them; None
+        for any other attention (eager takes transformers' own masks, flash none)."""
+        if getattr(self.model.config.get_text_config(), "_attn_implementation", None) != "sdpa":
+            return None
+        dtype = self.model.get_input_embeddings().weight.dtype
+        return (torch.zeros((), dtype=dtype, device=self.device),
+                torch.full((), float("-inf"), dtype=dtype, device=self.device))
 
     def _masks_at(self, cache, mask_2d, steps, start: int) -> list:
         """transformers' masks of the decode steps ``steps`` (0: the step at position ``start``), made on the host

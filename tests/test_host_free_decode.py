@@ -122,6 +122,36 @@ def test_the_host_free_loop_reads_nothing_on_the_host_and_the_current_step_reads
     assert model.forward == forward and "forward" not in model.__dict__  # the count leaves the model as it was
 
 
+def test_the_host_free_step_hands_sdpa_additive_masks_so_no_layer_converts_its_own(model, ids, reference):
+    """sdpa turns a boolean mask into 0/-inf in every layer (three kernels each on a GPU); the step makes each mask
+    that way once. Counted against the same step with boolean masks, and the logits stay identical."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Conversions(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Conversions.count += func is torch.ops.aten.where.self
+            return func(*args, **(kwargs or {}))
+
+    expected, steps = reference
+    tuned = decoding.TunedGreedy(model, decoding.Decoder(compile=None, host_free=True))
+    assert tuned._mask_values is not None  # tiny's attention is sdpa
+    counts, runs = {}, {}
+    for additive in (True, False):
+        if not additive:
+            tuned._mask_values = None  # the control: the boolean masks, converted by sdpa in each layer
+        Conversions.count = 0
+        with Conversions(), measure.math_attention():
+            runs[additive] = tuned.greedy(ids, NEW, keep_logits=True)
+        counts[additive] = Conversions.count
+    masks = sum(arange is not None for arange in tuned._mask_aranges.values())
+    layers = model.config.get_text_config().num_hidden_layers
+    assert masks >= 1 and counts[False] - counts[True] == (NEW - 1) * (layers - masks)
+    for run in runs.values():
+        assert measure.compare_logits(expected.logits, run.logits, steps)["identical"]
+
+
 @pytest.mark.parametrize("settings", [dict(compile="eager"), dict(compile="reduce-overhead"), dict(ple_outside=False)])
 def test_host_free_with_a_compiler_or_the_rows_inside_is_refused_in_one_sentence(settings):
     with pytest.raises(InvalidChoiceError, match="host_free=True"):
