@@ -66,8 +66,9 @@ def _fused_forward(layer):
     def forward(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         arguments = signature.bind(hidden_states, *args, **kwargs).arguments
         per_layer_input = arguments.pop("per_layer_input", None)
-        if per_layer_input is None or not is_decode_input(hidden_states):
-            return original(hidden_states, *args, **kwargs)
+        if (per_layer_input is None or not is_decode_input(hidden_states)
+                or {post_attention[0].device, layer.layer_scalar.device} != {hidden_states.device}):
+            return original(hidden_states, *args, **kwargs)  # prefill, or a layer placed apart from its input
         arguments.pop("hidden_states")
         attention = {**arguments, **arguments.pop(keywords, {})} if keywords else arguments  # as the layer passes them
         residual = hidden_states

@@ -312,6 +312,11 @@ def fused_residual_norm(x: torch.Tensor, weight32: torch.Tensor, eps: float, res
         raise InvalidChoiceError("weight32 is required: the layer norms before a residual add carry a weight.")
     if scale is not None and scale.numel() != 1:
         raise InvalidChoiceError(f"scale must hold one value (got {scale.numel()}): the layer scalar.")
+    elsewhere = [name for name, t in (("residual", residual), ("weight32", weight32), ("scale", scale),
+                                      ("next_weight32", next_weight32)) if t is not None and t.device != x.device]
+    if elsewhere:
+        raise InvalidChoiceError(f"{elsewhere[0]} is on another device than x ({x.device}): the kernel reads every "
+                                 f"tensor on x's device; move the layer there first.")
     eps = require_number(eps, "eps")
     next_eps = eps if next_eps is None else require_number(next_eps, "next_eps")
     order = mean_order(1, n)

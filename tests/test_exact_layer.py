@@ -104,6 +104,8 @@ def test_bad_inputs_to_the_joined_kernel_get_one_sentence():
         exact_norm.fused_residual_norm(x, torch.ones(256, dtype=torch.bfloat16), 1e-6, x)
     with pytest.raises(exact_norm.InvalidChoiceError, match="one value"):
         exact_norm.fused_residual_norm(x, torch.ones(256), 1e-6, x, scale=torch.ones(2))
+    with pytest.raises(exact_norm.InvalidChoiceError, match="scale is on another device"):
+        exact_norm.fused_residual_norm(x, torch.ones(256), 1e-6, x, scale=torch.ones(1, device="meta"))
 
 
 # ------------------------------------------------------------------ the rewired layer
