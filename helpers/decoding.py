@@ -36,7 +36,7 @@ COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead")
 # eager: Dynamo traces the step (graph breaks show) but runs the same kernels, for the CPU;
 # cudagraphs: the eager step captured in a torch.cuda.CUDAGraph (no compiler; on a CPU the same static buffers,
 # run eagerly); reduce-overhead: Inductor's fused kernels in CUDA graphs
-FUSIONS = ("fused_norms", "fused_rotary", "fused_layers")  # the Decoder settings that swap in exact kernels
+FUSIONS = ("fused_norms", "fused_rotary", "fused_layers", "fused_activations")  # the Decoder settings that swap in exact kernels
 
 PLE_OPTIONS = {
     "host lookup per token (this module)":
@@ -72,6 +72,7 @@ class Decoder:
     fused_norms: bool = False  # each RMSNorm of a decode step in one kernel that sums as ATen does (exact_norm)
     fused_rotary: bool = False  # each rotary embedding of a decode step in one kernel that rounds as ATen does
     fused_layers: bool = False  # each decoder layer's norm-and-residual ends in one kernel each (exact_layer)
+    fused_activations: bool = False  # and each gelu with the product after it (needs fused_layers)
 
     def __post_init__(self):
         if self.compile not in COMPILE_MODES:
@@ -89,6 +90,9 @@ class Decoder:
             raise InvalidChoiceError(f"Decoder({fused}=True) replays its own kernels eagerly or in a CUDA graph; "
                                      f"a compiler would trace them again: leave compile={self.compile!r} out "
                                      f"(or pass compile=None).")
+        if self.fused_activations and not self.fused_layers:
+            raise InvalidChoiceError("Decoder(fused_activations=True) joins each gelu inside the rewired decoder layer: "
+                                     "pass fused_layers=True too.")
 
     def check_quant(self, quant: str) -> None:
         """Refuse, before anything is loaded, a quantization these settings cannot decode: bitsandbytes' int8 layers
@@ -469,7 +473,7 @@ class TunedGreedy:
             self.fused_rotary = exact_rotary.fuse_rotary()  # swapped in only around the decode loop, as the norms
         self.fused_layers = None
         if settings.fused_layers:
-            self.fused_layers = exact_layer.fuse_layers(model)  # likewise
+            self.fused_layers = exact_layer.fuse_layers(model, settings.fused_activations)  # likewise
             self.fused_layers.restore()
         forward = self._host_free_forward if settings.host_free else model.forward
         self.graphs = StepGraphs(forward, self.device) if settings.compile == "cudagraphs" else None

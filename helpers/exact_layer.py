@@ -9,7 +9,9 @@ is one kernel (``exact_norm.fused_residual_norm``), which rounds every step to b
 * ``fuse_layers(model)``: each decoder layer takes a forward that runs the joined kernels for one-token CUDA
   inputs and its own forward for anything else (prefill); ``.installed()`` puts it in for a while, ``.restore()``
   takes it out;
-* ``layer_modules(model)``: the layers it can join (dense MLP, per-layer inputs, a scalar, weighted norms).
+* ``layer_modules(model)``: the layers it can join (dense MLP, per-layer inputs, a scalar, weighted norms);
+* ``fused_gelu_mul(gate, other)``: ``gelu_tanh(gate) * other`` in one kernel (the MLP's and the per-layer
+  input's gate), computed as ATen's CUDA gelu computes it (its one contracted multiply-add, then tanhf).
 
 The attention, the MLP and the per-layer-input projection still run as the model's own modules (fused norms and
 rotary included where those are installed). tests/gpu/test_exact_layer_gpu.py checks the kernel's bits against the
@@ -19,16 +21,74 @@ eager modules on a GPU, with a one-ulp control.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import os
 
+import numpy as np
 import torch
 
 from . import exact_norm
-from .errors import require_model
+from .errors import InvalidChoiceError, require_bool, require_model
 
 LAYER_CLASS = "Gemma4TextDecoderLayer"
+MLP_CLASS = "Gemma4TextMLP"
 JOINED_NORMS = ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
                 "post_per_layer_input_norm")
+ACTIVATION = "gelu_pytorch_tanh"  # Gemma 4's hidden_activation: F.gelu(x, approximate="tanh")
+# ATen's constants (ActivationGeluKernel.cu): kBeta = M_SQRT2 * M_2_SQRTPI * 0.5 and kKappa, as fp32
+GELU_BETA = float(np.float32(1.41421356237309504880 * 1.12837916709551257390 * 0.5))
+GELU_KAPPA = float(np.float32(0.044715))
+
+tl = None  # triton.language and libdevice, bound by _gelu_kernel() on first use (the kernel's source names them)
+libdevice = None
+_to_bf16 = None  # exact_norm._to_bf16, jitted, likewise
+
+
+def _gelu_mul_kernel(gate_ptr, other_ptr, out_ptr, beta, kappa, N: tl.constexpr, BLOCK: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    """out = bf16(bf16(gelu_tanh(gate)) * other), gelu as ATen's CUDA kernel evaluates it in fp32: x*x*x, the
+    multiply-add nvcc contracts (kappa * x_cube + x) as one fma, * beta, tanhf, then 0.5 * x * (1 + t). The
+    interpreter has no libdevice: its tanh is 1 - 2 / (exp(2 v) + 1), so there only the sequence around it is checked."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < N
+    x = tl.load(gate_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+    inner = beta * tl.fma(kappa, (x * x) * x, x)
+    if INTERPRET:
+        t = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
+    else:
+        t = libdevice.tanh(inner)
+    activated = _to_bf16((0.5 * x) * (1.0 + t))
+    product = _to_bf16(activated * tl.load(other_ptr + offs, mask=inside, other=0.0).to(tl.float32))
+    tl.store(out_ptr + offs, product.to(tl.bfloat16), mask=inside)  # already a bf16 value: the cast is exact
+
+
+@functools.lru_cache(maxsize=2)
+def _gelu_kernel(interpret: bool):
+    """The kernel, jitted on first use (``interpret``: TRITON_INTERPRET was set, CPU tensors)."""
+    global tl, libdevice
+    import triton
+
+    globals()["_to_bf16"] = exact_norm.jit_helpers()["_to_bf16"]
+    tl, libdevice = exact_norm.tl, exact_norm.libdevice
+    return triton.jit(_gelu_mul_kernel)
+
+
+def fused_gelu_mul(gate: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``F.gelu(gate, approximate="tanh") * other`` in one launch for contiguous bf16 tensors of one shape on one
+    device, rounded as the two eager kernels round."""
+    if (gate.shape != other.shape or gate.dtype != torch.bfloat16 or other.dtype != torch.bfloat16
+            or not (gate.is_contiguous() and other.is_contiguous()) or gate.device != other.device):
+        raise InvalidChoiceError(f"gate {tuple(gate.shape)} {gate.dtype} and other {tuple(other.shape)} {other.dtype} "
+                                 f"must be contiguous bf16 tensors of one shape on one device: the kernel multiplies "
+                                 f"them element by element.")
+    out = torch.empty_like(gate)
+    n, block = gate.numel(), 1024
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    _gelu_kernel(interpret)[(-(-n // block),)](gate, other, out, GELU_BETA, GELU_KAPPA, N=n, BLOCK=block,
+                                               INTERPRET=interpret, num_warps=4, enable_fp_fusion=False)
+    return out
+
 
 
 def is_decode_input(hidden_states: torch.Tensor) -> bool:
@@ -56,7 +116,14 @@ def _weight32(norm) -> torch.Tensor:
     return norm.weight.detach().float().contiguous()
 
 
-def _fused_forward(layer):
+def gelu_tanh(layer) -> bool:
+    """Whether the layer's MLP and per-layer-input gate run tanh-approximated gelu (Gemma 4's), which
+    ``fused_gelu_mul`` computes."""
+    config = getattr(getattr(layer, "mlp", None), "config", None)
+    return getattr(config, "hidden_activation", None) == ACTIVATION and type(layer.mlp).__name__ == MLP_CLASS
+
+
+def _fused_forward(layer, activations: bool):
     original = layer.forward  # the class's forward, bound
     signature = inspect.signature(original)
     keywords = next((name for name, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), None)
@@ -75,8 +142,14 @@ def _fused_forward(layer):
         hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **attention)
         residual, hidden_states = exact_norm.fused_residual_norm(
             hidden_states, *post_attention, residual, next_weight32=pre_feedforward[0], next_eps=pre_feedforward[1])
-        residual = exact_norm.fused_residual_norm(layer.mlp(hidden_states), *post_feedforward, residual)
-        hidden_states = layer.act_fn(layer.per_layer_input_gate(residual)) * per_layer_input
+        if activations:  # the MLP's own forward, its gelu and product in one kernel
+            mlp = layer.mlp
+            hidden_states = mlp.down_proj(fused_gelu_mul(mlp.gate_proj(hidden_states), mlp.up_proj(hidden_states)))
+        else:
+            hidden_states = layer.mlp(hidden_states)
+        residual = exact_norm.fused_residual_norm(hidden_states, *post_feedforward, residual)
+        gate = layer.per_layer_input_gate(residual)
+        hidden_states = fused_gelu_mul(gate, per_layer_input) if activations else layer.act_fn(gate) * per_layer_input
         return exact_norm.fused_residual_norm(layer.per_layer_projection(hidden_states), *post_per_layer, residual,
                                               scale=layer.layer_scalar)
 
@@ -116,13 +189,16 @@ class FusedLayers:
         self.restore()
 
 
-def fuse_layers(model) -> FusedLayers:
+def fuse_layers(model, activations: bool = False) -> FusedLayers:
     """Give each joinable decoder layer of ``model`` the forward whose block ends run as one kernel each for one-token
-    CUDA inputs, falling back to its own forward for any other input. Call it after the model is placed (each norm
-    weight is cast to fp32 once, here) and after accelerate's hooks are removed."""
+    CUDA inputs, falling back to its own forward for any other input; with ``activations``, each gelu and the product
+    after it too (``fused_gelu_mul``), in the layers whose MLP runs its own tanh gelu. Call it after the model is
+    placed (each norm weight is cast to fp32 once, here) and after accelerate's hooks are removed."""
     require_model(model)
+    activations = require_bool(activations, "activations")
     layers = [layer for layer in layer_modules(model) if exact_norm._runs_its_class_forward(layer)]
-    forwards = {layer: _fused_forward(layer) for layer in layers}
+    forwards = {layer: _fused_forward(layer, activations and gelu_tanh(layer)
+                                      and exact_norm._runs_its_class_forward(layer.mlp)) for layer in layers}
     for layer, forward in forwards.items():
         layer.forward = forward
     return FusedLayers(forwards)

@@ -208,22 +208,21 @@ def presets() -> dict:
                                        profile=True),
                                _decode(name="host-free-fused-nudged", decode="host-free-fused", route="ple-cpu-nudged",
                                        reference="generate-static", control=True)],
-        # every norm and rotary embedding fused (the norm swap had skipped the hooked ones), then the layers' block
-        # ends too, beside today's CUDA-graph step in one run, with the control on the most fused; plain generate is
-        # in decode-fused-norms
+        # every norm, rotary embedding and block end fused (the norm swap had skipped the hooked ones), then each
+        # gelu and its product too, beside today's CUDA-graph step in one run, with the control on the most fused;
+        # plain generate is in decode-fused-norms
         "decode-fused": [_decode(name="generate-static", decode="generate-static"),
                          _decode(name="cudagraphs", decode="cudagraphs", reference="generate-static", profile=True),
-                         _decode(name="host-free-fused-rotary", decode="host-free-fused-rotary",
-                                 reference="generate-static", profile=True),
                          _decode(name="host-free-fused-layers", decode="host-free-fused-layers",
                                  reference="generate-static", profile=True),
-                         _decode(name="host-free-fused-layers-nudged", decode="host-free-fused-layers",
+                         _decode(name="host-free-fused-all", decode="host-free-fused-all", reference="generate-static",
+                                 profile=True),
+                         _decode(name="host-free-fused-all-nudged", decode="host-free-fused-all",
                                  route="ple-cpu-nudged", reference="generate-static", control=True)],
         "decode-host-free-more": [_decode(name="host-free-8gb", decode="host-free", card_gb=8),
                                   _decode(name="host-free-bf16", decode="host-free", quant="bf16"),
-                                  _decode(name="host-free-fused-layers-8gb", decode="host-free-fused-layers", card_gb=8),
-                                  _decode(name="host-free-fused-layers-bf16", decode="host-free-fused-layers",
-                                          quant="bf16")],
+                                  _decode(name="host-free-fused-all-8gb", decode="host-free-fused-all", card_gb=8),
+                                  _decode(name="host-free-fused-all-bf16", decode="host-free-fused-all", quant="bf16")],
         "decode-speed-e2b": [_decode(model="e2b-shape", name="e2b-cpu-generate", decode="generate"),
                              _decode(model="e2b-shape", name="e2b-cpu-cudagraphs", decode="cudagraphs")],
     }

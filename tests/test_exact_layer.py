@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ HIDDEN = (2560, 1536)  # E4B's and E2B's hidden size: the rows the joined kernel
 
 INTERPRETED = """
 import json, sys
+import numpy as np
 import numpy as np
 import torch
 from helpers import exact_norm
@@ -178,3 +180,141 @@ def test_a_decoder_refuses_fused_layers_under_a_compiler():
     with pytest.raises(decoding.InvalidChoiceError, match="fused_layers"):
         decoding.Decoder(compile="reduce-overhead", fused_layers=True)
     assert "fused layers" in decoding.Decoder(fused_layers=True).label()
+
+
+# ------------------------------------------------------------------ the gelu and the product after it
+
+GELU_INTERPRETED = """
+import json, sys
+import numpy as np
+import numpy as np
+import torch
+from helpers import exact_layer
+sys.path.insert(0, sys.argv[1])
+from test_exact_layer import gelu_mul_emulated
+
+found = {}
+generator = torch.Generator().manual_seed(4)
+for name, shape in (("mlp", (1, 1, 10240)), ("per-layer input", (1, 1, 256))):
+    same = checked = told_apart = 0
+    for sample in range(4):
+        spread = (0.05, 1.0, 4.0, 30.0)[sample]  # near zero, the bend, the tails (tanh at +-1)
+        gate = (torch.randn(shape, generator=generator) * spread).to(torch.bfloat16)
+        other = torch.randn(shape, generator=generator).to(torch.bfloat16)
+        out, emulated = exact_layer.fused_gelu_mul(gate, other), gelu_mul_emulated(gate, other)
+        same += int((out.view(torch.int16) == emulated.view(torch.int16)).sum()); checked += gate.numel()
+        nudged = other.clone().view(torch.int16).add_(1).view(torch.bfloat16)
+        told_apart += int((exact_layer.fused_gelu_mul(gate, nudged).view(torch.int16) != emulated.view(torch.int16)).sum())
+    found[name] = [same, checked, told_apart]
+print(json.dumps(found))
+"""
+
+
+def _fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fp32 fma, rounded once: the product is exact in fp64, the sum's fp64 rounding error is recovered (TwoSum),
+    and only a sum that lands on an fp32 midpoint needs it to round the right way."""
+    p = a.astype(np.float64) * b.astype(np.float64)
+    s = p + c.astype(np.float64)
+    virtual = s - p
+    err = (p - (s - virtual)) + (c.astype(np.float64) - virtual)
+    out = s.astype(np.float32)
+    low = np.nextafter(out, np.float32(-np.inf))
+    high = np.nextafter(out, np.float32(np.inf))
+    for neighbour in (low, high):  # s exactly between out and a neighbour: the error says which side the fma is on
+        midpoint = (out.astype(np.float64) + neighbour.astype(np.float64)) / 2
+        tie = (s == midpoint) & (err != 0)
+        toward = np.sign(neighbour.astype(np.float64) - out.astype(np.float64)) == np.sign(err)
+        out = np.where(tie & toward, neighbour, out)
+    return out
+
+
+def gelu_mul_emulated(gate: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """fused_gelu_mul's sequence in numpy fp32 with the interpreter's tanh (1 - 2 / (exp(2 v) + 1))."""
+    from helpers import exact_layer
+
+    f32 = np.float32
+    x = gate.float().numpy()
+    inner = f32(exact_layer.GELU_BETA) * _fma_f32(np.full_like(x, exact_layer.GELU_KAPPA), (x * x) * x, x)
+    t = f32(1.0) - f32(2.0) / (np.exp(f32(2.0) * inner) + f32(1.0))
+    activated = torch.from_numpy((f32(0.5) * x) * (f32(1.0) + t)).to(torch.bfloat16)
+    return (activated.float() * other.float()).to(torch.bfloat16)
+
+
+def test_the_emulated_fma_rounds_once_where_multiply_then_add_rounds_twice():
+    """The emulation's own control: a product whose low bits an add keeps (x * x - 1 for x = 1 + 2^-12)."""
+    x = np.array([1 + 2.0**-12], dtype=np.float32)
+    exact = np.float32(2.0**-11 + 2.0**-24)  # (1 + 2^-12)^2 - 1, an fp32 value
+    assert _fma_f32(x, x, np.array([-1.0], dtype=np.float32))[0] == exact
+    assert (x * x - np.float32(1.0))[0] != exact
+
+
+@pytest.fixture(scope="module")
+def gelu_interpreted() -> dict:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed: the gelu kernel is checked where it is (and on the GPU)")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", GELU_INTERPRETED, str(Path(__file__).parent)], capture_output=True,
+                          text=True, env=env, cwd=Path(__file__).resolve().parents[1], timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["mlp", "per-layer input"])
+def test_the_gelu_and_product_kernel_rounds_as_the_eager_sequence_and_a_one_ulp_input_is_told_apart(gelu_interpreted, name):
+    """In the interpreter (no libdevice: its own tanh), the sequence around tanh: the one fma, each fp32 step and
+    the two bf16 roundings. tests/gpu/test_exact_layer_gpu.py holds it against F.gelu and the product on CUDA."""
+    same, checked, told_apart = gelu_interpreted[name]
+    assert same == checked
+    assert told_apart > checked // 4
+
+
+def test_bad_inputs_to_the_gelu_kernel_get_one_sentence():
+    gate = torch.ones(1, 1, 256, dtype=torch.bfloat16)
+    with pytest.raises(exact_layer.InvalidChoiceError, match="one shape"):
+        exact_layer.fused_gelu_mul(gate, torch.ones(1, 1, 128, dtype=torch.bfloat16))
+    with pytest.raises(exact_layer.InvalidChoiceError, match="bf16"):
+        exact_layer.fused_gelu_mul(gate, gate.float())
+
+
+def test_layers_with_their_gelus_joined_decode_the_logits_of_their_own_forward(scaled_tiny, monkeypatch):
+    import torch.nn.functional as F
+
+    ids = torch.tensor([[2, 10, 20, 30]])
+    outside = decoding.supports_ple_outside(scaled_tiny)
+    plain = decoding.TunedGreedy(scaled_tiny, decoding.Decoder(compile=None, ple_outside=outside)).greedy(ids, 6, keep_logits=True)
+    joined_on_the_cpu(monkeypatch, [])
+    products = []
+    monkeypatch.setattr(exact_layer, "fused_gelu_mul",
+                        lambda gate, other: products.append(gate.shape[-1]) or F.gelu(gate, approximate="tanh") * other)
+    settings = decoding.Decoder(compile=None, ple_outside=outside, fused_layers=True, fused_activations=True)
+    run = decoding.TunedGreedy(scaled_tiny, settings).greedy(ids, 6, keep_logits=True)
+    text = scaled_tiny.config.get_text_config()
+    assert len(products) == 5 * 2 * text.num_hidden_layers  # the MLP's and the per-layer input's, every decode step
+    assert text.hidden_size_per_layer_input in products and max(products) >= text.intermediate_size
+    assert run.tokens == plain.tokens and torch.equal(run.logits, plain.logits)
+
+
+def test_fused_activations_need_the_rewired_layer():
+    with pytest.raises(decoding.InvalidChoiceError, match="fused_layers=True"):
+        decoding.Decoder(fused_activations=True)
+
+
+def test_the_gelu_kernel_compiles_for_an_h100_with_its_fma_and_libdevices_tanh():
+    """Compiled for sm_90 here (no GPU needed), as the GPU will compile it: the contracted multiply-add is an fma,
+    tanh is libdevice's (inlined: no call left), and both bf16 roundings clear the bits' low half."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = exact_layer._gelu_kernel(False)
+    constants = {"N": 10240, "BLOCK": 1024, "INTERPRET": False}
+    signature = {"gate_ptr": "*bf16", "other_ptr": "*bf16", "out_ptr": "*bf16", "beta": "fp32", "kappa": "fp32",
+                 **dict.fromkeys(constants, "constexpr")}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(k),): v for k, v in constants.items()})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}).asm["ptx"]
+    assert re.findall(r"\bfma\.rn\.f32", ptx) and not re.findall(r"^\s*call", ptx, re.M)
+    assert len(re.findall(r"\band\.b32\s+%r\d+,\s*%r\d+,\s*-65536;", ptx)) >= 2

@@ -478,12 +478,12 @@ def test_the_fused_step_is_shown_beside_the_cuda_graph_step_of_its_own_run(tmp_p
                 "decode_tokens_per_s": rate, "profile": {"by_step": {"kernels": kernels}, "device_busy_fraction": 0.9}}
 
     (tmp_path / "e4b-shape.jsonl").write_text("\n".join(json.dumps(r) for r in (
-        record("cudagraphs", 80.0, 4096), record("host-free-fused-layers", 200.0, 1494))) + "\n")
+        record("cudagraphs", 80.0, 4096), record("host-free-fused-all", 200.0, 1494))) + "\n")
     monkeypatch.setattr(records, "preset_records", functools.partial(records.preset_records, directory=tmp_path))
     monkeypatch.setattr(records, "table", functools.partial(records.table, directory=tmp_path))
     text = "\n".join(tool.render_fused_step())
     assert "It ran 2.50x the CUDA-graph step of the same run." in text
-    assert "| host-free-fused-layers | 200.0 | 2.50 |" in text and "1,494" in text and "4,096" in text
+    assert "| host-free-fused-all | 200.0 | 2.50 |" in text and "1,494" in text and "4,096" in text
 
     (tmp_path / "e4b-shape.jsonl").write_text(json.dumps(record("cudagraphs", 80.0, 4096)).replace("decode-fused", "speed") + "\n")
     assert "not yet measured (`make bench PRESET=decode-fused`)" in "\n".join(tool.render_fused_step())

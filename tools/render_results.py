@@ -479,12 +479,12 @@ def render_fused_norms() -> list:
 
 def render_fused_step() -> list:
     return render_step_run(
-        "decode-fused", "host-free-fused-layers",
-        "**Every norm, rotary embedding and block end in one kernel each** (`Decoder(host_free=True, fused_norms=True, "
-        "fused_rotary=True)`, then `fused_layers=True`: `helpers.exact_rotary` and `helpers.exact_layer` round each "
-        "step to bf16 as ATen's kernels do):",
-        "Every norm, rotary embedding and block end in one kernel each (`Decoder(fused_rotary=True, "
-        "fused_layers=True)`): not yet measured (`make bench PRESET=decode-fused`).")
+        "decode-fused", "host-free-fused-all",
+        "**Every norm, rotary embedding, block end and gelu in one kernel each** (`Decoder(host_free=True, "
+        "fused_norms=True, fused_rotary=True, fused_layers=True)`, then `fused_activations=True`: `helpers.exact_rotary` "
+        "and `helpers.exact_layer` round each step to bf16 as ATen's kernels do):",
+        "Every norm, rotary embedding, block end and gelu in one kernel each (`Decoder(fused_layers=True, "
+        "fused_activations=True)`): not yet measured (`make bench PRESET=decode-fused`).")
 
 
 DECODE_CARDS = ("RTX 4060", "RTX 4050 Laptop", "RTX 3060", "Colab T4", "RTX 3090")
@@ -497,8 +497,8 @@ def render_decode_on_cards(tuned: dict) -> list:
     fused = records.preset_records("decode-fused")
     steps = {"CUDA-graph step": tuned, "host-free step": records.preset_records("decode-host-free").get("host-free", {}),
              "host-free step, fused norms": records.preset_records("decode-fused-norms").get("host-free-fused", {}),
-             "host-free step, norms and rotary fused": fused.get("host-free-fused-rotary", {}),
-             "host-free step, block ends joined too": fused.get("host-free-fused-layers", {})}
+             "host-free step, norms, rotary and block ends fused": fused.get("host-free-fused-layers", {}),
+             "host-free step, gelus fused too": fused.get("host-free-fused-all", {})}
     if steps["host-free step, fused norms"] and "norms_fused" not in steps["host-free step, fused norms"]:
         steps["host-free step, few norms fused"] = steps.pop("host-free step, fused norms")  # see render_fused_norms
     steps = {name: record for name, record in steps.items() if all(record.get(key) for key in planner.DECODE_RECORD_KEYS)}

@@ -48,3 +48,24 @@ def test_the_joined_block_end_gives_the_eager_modules_bits_on_cuda_and_a_one_ulp
                            != plain.view(torch.int16)).sum())
     assert differ == 0, (n, differ)
     assert told_apart > 0, n
+
+
+@pytest.mark.parametrize("width", [10240, 20480, 256], ids=["mlp", "double-wide-mlp", "per-layer-input"])
+def test_the_joined_gelu_and_product_give_the_eager_bits_on_cuda_and_a_one_ulp_input_is_told_apart(width):
+    """F.gelu(approximate="tanh") then the product, as Gemma 4's MLP and per-layer-input gate run them, against one
+    kernel: the same fma nvcc contracts and libdevice's tanhf as CUDA's."""
+    pytest.importorskip("triton", reason="PyTorch's CUDA wheels bring triton")
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(width)
+    differ = told_apart = 0
+    for sample in range(32):
+        spread = (0.05, 1.0, 4.0, 30.0)[sample % 4]
+        gate = (torch.randn(1, 1, width, generator=generator) * spread).to("cuda", torch.bfloat16)
+        other = torch.randn(1, 1, width, generator=generator).to("cuda", torch.bfloat16)
+        eager = F.gelu(gate, approximate="tanh") * other
+        differ += int((exact_layer.fused_gelu_mul(gate, other).view(torch.int16) != eager.view(torch.int16)).sum())
+        nudged = other.clone().view(torch.int16).add_(1).view(torch.bfloat16)
+        told_apart += int((exact_layer.fused_gelu_mul(gate, nudged).view(torch.int16) != eager.view(torch.int16)).sum())
+    assert differ == 0, (width, differ)
+    assert told_apart > 0, width
