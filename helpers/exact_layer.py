@@ -1,21 +1,23 @@
-"""Gemma 4's decoder layer in a decode step with each residual add joined to the norm before it, with the eager
+"""Gemma 4's decoder layer in a decode step with each residual add joined to the norms around it, with the eager
 layer's bits on CUDA.
 
-A decoder layer ends each of its three blocks the same way: a norm, then ``residual + normed``; the last also
-scales by the layer scalar, and after the attention block the next norm reads the sum at once. Eagerly that is
-eight kernels a layer beside the norms (three adds, the scale, and the norm reading the sum); here each block's end
-is one kernel (``exact_norm.fused_residual_norm``), which rounds every step to bf16 as ATen's kernels do:
+Each of a decoder layer's three blocks ends the same way: a norm, then ``residual + normed``; the last also scales
+by the layer scalar. A norm reads each sum next: the feed-forward block's, and the next layer's input norm. Eagerly
+those ends are nine kernels beside the norms (three adds, the scale, two norms of the sums, each norm's own);
+here each block's end is one kernel (``exact_norm.fused_residual_norm``), rounding every step to bf16 as ATen's
+kernels do:
 
-* ``fuse_layers(model)``: each decoder layer takes a forward that runs the joined kernels for one-token CUDA
-  inputs and its own forward for anything else (prefill); ``.installed()`` puts it in for a while, ``.restore()``
-  takes it out;
+* ``fuse_layers(model, activations=False)``: each decoder layer takes a forward that runs the joined kernels for
+  one-token CUDA inputs and its own forward for anything else (prefill); its last kernel also makes the next layer's
+  input norm; with ``activations`` each gelu and its product are one kernel too. ``.installed()`` puts the forwards
+  in for a while, ``.restore()`` takes them out;
 * ``layer_modules(model)``: the layers it can join (dense MLP, per-layer inputs, a scalar, weighted norms);
 * ``fused_gelu_mul(gate, other)``: ``gelu_tanh(gate) * other`` in one kernel (the MLP's and the per-layer
   input's gate), computed as ATen's CUDA gelu computes it (its one contracted multiply-add, then tanhf).
 
-The attention, the MLP and the per-layer-input projection still run as the model's own modules (fused norms and
-rotary included where those are installed). tests/gpu/test_exact_layer_gpu.py checks the kernel's bits against the
-eager modules on a GPU, with a one-ulp control.
+The attention and the projections still run as the model's own modules (fused norms and rotary included where
+those are installed). tests/gpu/test_exact_layer_gpu.py checks each kernel's bits against the eager modules on a
+GPU, with a one-ulp control.
 """
 
 from __future__ import annotations
@@ -103,7 +105,11 @@ def _joinable(layer) -> bool:
     return (type(layer).__name__ == LAYER_CLASS and not getattr(layer, "enable_moe_block", False)
             and bool(getattr(layer, "hidden_size_per_layer_input", 0)) and getattr(layer, "layer_scalar", None) is not None
             and layer.layer_scalar.numel() == 1
-            and all(type(norm).__name__ == exact_norm.NORM_CLASS and getattr(norm, "with_scale", True) for norm in norms))
+            and all(_weighted_norm(norm) for norm in norms))
+
+
+def _weighted_norm(norm) -> bool:
+    return type(norm).__name__ == exact_norm.NORM_CLASS and getattr(norm, "with_scale", True)
 
 
 def layer_modules(model) -> list:
@@ -123,12 +129,16 @@ def gelu_tanh(layer) -> bool:
     return getattr(config, "hidden_activation", None) == ACTIVATION and type(layer.mlp).__name__ == MLP_CLASS
 
 
-def _fused_forward(layer, activations: bool):
+def _fused_forward(layer, activations: bool, following, handoff: dict):
+    """The joined forward of ``layer``; with ``following`` (the layer called next) its last kernel also runs that
+    layer's input norm and leaves ``(output, normed)`` in ``handoff`` for it, which takes it only if the output is
+    the very tensor it is called with."""
     original = layer.forward  # the class's forward, bound
     signature = inspect.signature(original)
     keywords = next((name for name, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), None)
     post_attention, pre_feedforward, post_feedforward, post_per_layer = (
         (_weight32(getattr(layer, name)), exact_norm._norm_eps(getattr(layer, name))) for name in JOINED_NORMS)
+    next_input = (_weight32(following.input_layernorm), exact_norm._norm_eps(following.input_layernorm)) if following else None
 
     def forward(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         arguments = signature.bind(hidden_states, *args, **kwargs).arguments
@@ -139,7 +149,9 @@ def _fused_forward(layer, activations: bool):
         arguments.pop("hidden_states")
         attention = {**arguments, **arguments.pop(keywords, {})} if keywords else arguments  # as the layer passes them
         residual = hidden_states
-        hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **attention)
+        pending = handoff.pop(layer, None)
+        normed = pending[1] if pending is not None and pending[0] is hidden_states else layer.input_layernorm(hidden_states)
+        hidden_states, _ = layer.self_attn(hidden_states=normed, **attention)
         residual, hidden_states = exact_norm.fused_residual_norm(
             hidden_states, *post_attention, residual, next_weight32=pre_feedforward[0], next_eps=pre_feedforward[1])
         if activations:  # the MLP's own forward, its gelu and product in one kernel
@@ -150,8 +162,13 @@ def _fused_forward(layer, activations: bool):
         residual = exact_norm.fused_residual_norm(hidden_states, *post_feedforward, residual)
         gate = layer.per_layer_input_gate(residual)
         hidden_states = fused_gelu_mul(gate, per_layer_input) if activations else layer.act_fn(gate) * per_layer_input
-        return exact_norm.fused_residual_norm(layer.per_layer_projection(hidden_states), *post_per_layer, residual,
-                                              scale=layer.layer_scalar)
+        projected = layer.per_layer_projection(hidden_states)
+        if next_input is None:
+            return exact_norm.fused_residual_norm(projected, *post_per_layer, residual, scale=layer.layer_scalar)
+        output, normed = exact_norm.fused_residual_norm(projected, *post_per_layer, residual, scale=layer.layer_scalar,
+                                                        next_weight32=next_input[0], next_eps=next_input[1])
+        handoff[following] = (output, normed)
+        return output
 
     return forward
 
@@ -161,8 +178,9 @@ class FusedLayers:
     each its own forward back; ``installed()`` puts the same forwards in again for a while (the same fp32 weights,
     which a CUDA graph captured earlier still reads)."""
 
-    def __init__(self, forwards: dict):
+    def __init__(self, forwards: dict, handoff: dict):
         self.forwards = forwards  # layer -> its joined forward
+        self.handoff = handoff  # layer -> (its input, that input normed) from the layer before
 
     @property
     def modules(self) -> list:
@@ -171,6 +189,7 @@ class FusedLayers:
     def restore(self) -> int:
         for layer in self.forwards:
             vars(layer).pop("forward", None)
+        self.handoff.clear()
         return len(self.forwards)
 
     @contextlib.contextmanager
@@ -191,14 +210,18 @@ class FusedLayers:
 
 def fuse_layers(model, activations: bool = False) -> FusedLayers:
     """Give each joinable decoder layer of ``model`` the forward whose block ends run as one kernel each for one-token
-    CUDA inputs, falling back to its own forward for any other input; with ``activations``, each gelu and the product
-    after it too (``fused_gelu_mul``), in the layers whose MLP runs its own tanh gelu. Call it after the model is
-    placed (each norm weight is cast to fp32 once, here) and after accelerate's hooks are removed."""
+    CUDA inputs, the last one also the next layer's input norm, falling back to its own forward for any other input;
+    with ``activations``, each gelu and the product after it too (``fused_gelu_mul``), in the layers whose MLP runs
+    its own tanh gelu. Call it after the model is placed (each norm weight is cast to fp32 once, here) and after
+    accelerate's hooks are removed."""
     require_model(model)
     activations = require_bool(activations, "activations")
     layers = [layer for layer in layer_modules(model) if exact_norm._runs_its_class_forward(layer)]
-    forwards = {layer: _fused_forward(layer, activations and gelu_tanh(layer)
-                                      and exact_norm._runs_its_class_forward(layer.mlp)) for layer in layers}
+    handoff: dict = {}
+    followers = [following if following is not None and _weighted_norm(following.input_layernorm) else None
+                 for following in [*layers[1:], None]]
+    forwards = {layer: _fused_forward(layer, activations and gelu_tanh(layer) and exact_norm._runs_its_class_forward(layer.mlp),
+                                      following, handoff) for layer, following in zip(layers, followers)}
     for layer, forward in forwards.items():
         layer.forward = forward
-    return FusedLayers(forwards)
+    return FusedLayers(forwards, handoff)

@@ -139,11 +139,20 @@ def test_a_layer_with_its_block_ends_joined_decodes_the_logits_of_its_own_forwar
     ids = torch.tensor([[2, 10, 20, 30]])
     outside = decoding.supports_ple_outside(scaled_tiny)  # transformers 5.5.2 (the matrix) has no per_layer_inputs
     plain = decoding.TunedGreedy(scaled_tiny, decoding.Decoder(compile=None, ple_outside=outside)).greedy(ids, 6, keep_logits=True)
-    calls = []
+    calls, input_norms = [], []
     joined_on_the_cpu(monkeypatch, calls)
     tuned = decoding.TunedGreedy(scaled_tiny, decoding.Decoder(compile=None, ple_outside=outside, fused_layers=True))
-    run = tuned.greedy(ids, 6, keep_logits=True)
+    hooks = [layer.input_layernorm.register_forward_pre_hook(lambda module, args: input_norms.append(module))
+             for layer in exact_layer.layer_modules(scaled_tiny)]
+    try:
+        run = tuned.greedy(ids, 6, keep_logits=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
     layers = len(exact_layer.layer_modules(scaled_tiny))
+    # the prefill runs every layer's input norm; each decode step only the first's (each later one came with the
+    # layer before's last kernel)
+    assert len(input_norms) == layers + 5 and not tuned.fused_layers.handoff
     assert layers == scaled_tiny.config.get_text_config().num_hidden_layers and len(tuned.fused_layers.modules) == layers
     assert len(calls) == 5 * 3 * layers and sum(calls) == 5 * layers  # every decode step, every block end; not the prefill
     assert len(set(run.tokens)) > 1 and run.tokens == plain.tokens and torch.equal(run.logits, plain.logits)
