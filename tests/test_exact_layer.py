@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import decoding, exact_layer, exact_norm, loading
+from helpers import decoding, exact_layer, exact_norm, loading, models
 
 HIDDEN = (2560, 1536)  # E4B's and E2B's hidden size: the rows the joined kernel sees
 
@@ -327,3 +327,18 @@ def test_the_gelu_kernel_compiles_for_an_h100_with_its_fma_and_libdevices_tanh()
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}).asm["ptx"]
     assert re.findall(r"\bfma\.rn\.f32", ptx) and not re.findall(r"^\s*call", ptx, re.M)
     assert len(re.findall(r"\band\.b32\s+%r\d+,\s*%r\d+,\s*-65536;", ptx)) >= 2
+
+
+def test_on_e4b_each_joined_layer_saves_its_block_ends_next_input_norm_and_gelus():
+    """tools/decode_census.py on E4B's shape (meta device): the rewired layers run six operators fewer each (three
+    adds, the scale and two norms of sums become three kernels; the next layer's input norm comes with the last; the
+    first layer keeps its own), and the gelus two fewer; the stand-ins are put back after."""
+    from conftest import tool
+
+    found = {level: sum(counts.values()) for level, counts in tool("decode_census").census("e4b-shape").items()}
+    layers = models.load_config("e4b-shape").get_text_config().num_hidden_layers
+    assert found["eager"] > found["norms"] > found["rotary"]
+    assert found["rotary"] - found["layers"] == 6 * layers - 1
+    assert found["layers"] - found["activations"] == 2 * layers
+    restored = (exact_norm.fused_residual_norm, exact_layer.is_decode_input, exact_layer.fused_gelu_mul)
+    assert {function.__module__ for function in restored} == {"helpers.exact_norm", "helpers.exact_layer"}
