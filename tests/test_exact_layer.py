@@ -342,3 +342,21 @@ def test_on_e4b_each_joined_layer_saves_its_block_ends_next_input_norm_and_gelus
     assert found["layers"] - found["activations"] == 2 * layers
     restored = (exact_norm.fused_residual_norm, exact_layer.is_decode_input, exact_layer.fused_gelu_mul)
     assert {function.__module__ for function in restored} == {"helpers.exact_norm", "helpers.exact_layer"}
+
+
+def test_a_layer_called_with_another_tensor_than_the_one_handed_over_norms_its_own_input(scaled_tiny, monkeypatch):
+    """A hook that changes the first layer's output between the layers: the second must norm what it is given, not
+    take the norm the first layer's kernel made of its own output."""
+    ids = torch.tensor([[2, 10, 20, 30]])
+    outside = decoding.supports_ple_outside(scaled_tiny)
+    first = exact_layer.layer_modules(scaled_tiny)[0]
+    hook = first.register_forward_hook(lambda module, args, output: output * 1.5)
+    try:
+        plain = decoding.TunedGreedy(scaled_tiny, decoding.Decoder(compile=None, ple_outside=outside)).greedy(
+            ids, 4, keep_logits=True)
+        joined_on_the_cpu(monkeypatch, [])
+        run = decoding.TunedGreedy(scaled_tiny, decoding.Decoder(compile=None, ple_outside=outside, fused_layers=True)).greedy(
+            ids, 4, keep_logits=True)
+    finally:
+        hook.remove()
+    assert torch.equal(run.logits, plain.logits)
