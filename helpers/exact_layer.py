@@ -76,11 +76,16 @@ def _gelu_kernel(interpret: bool):
     return triton.jit(_gelu_mul_kernel)
 
 
+def multipliable(gate: torch.Tensor, other: torch.Tensor) -> bool:
+    """Contiguous bf16 tensors of one shape on one device: what ``fused_gelu_mul`` takes."""
+    return (gate.shape == other.shape and gate.dtype == other.dtype == torch.bfloat16 and gate.device == other.device
+            and gate.is_contiguous() and other.is_contiguous())
+
+
 def fused_gelu_mul(gate: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``F.gelu(gate, approximate="tanh") * other`` in one launch for contiguous bf16 tensors of one shape on one
     device, rounded as the two eager kernels round."""
-    if (gate.shape != other.shape or gate.dtype != torch.bfloat16 or other.dtype != torch.bfloat16
-            or not (gate.is_contiguous() and other.is_contiguous()) or gate.device != other.device):
+    if not multipliable(gate, other):
         raise InvalidChoiceError(f"gate {tuple(gate.shape)} {gate.dtype} and other {tuple(other.shape)} {other.dtype} "
                                  f"must be contiguous bf16 tensors of one shape on one device: the kernel multiplies "
                                  f"them element by element.")
@@ -129,6 +134,11 @@ def gelu_tanh(layer) -> bool:
     return getattr(config, "hidden_activation", None) == ACTIVATION and type(layer.mlp).__name__ == MLP_CLASS
 
 
+def _gelu_times(act_fn, gate: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``act_fn(gate) * other``, in one kernel where the tensors allow it."""
+    return fused_gelu_mul(gate, other) if multipliable(gate, other) else act_fn(gate) * other
+
+
 def _fused_forward(layer, activations: bool, following, handoff: dict):
     """The joined forward of ``layer``; with ``following`` (the layer called next) its last kernel also runs that
     layer's input norm and leaves ``(output, normed)`` in ``handoff`` for it, which takes it only if the output is
@@ -156,12 +166,13 @@ def _fused_forward(layer, activations: bool, following, handoff: dict):
             hidden_states, *post_attention, residual, next_weight32=pre_feedforward[0], next_eps=pre_feedforward[1])
         if activations:  # the MLP's own forward, its gelu and product in one kernel
             mlp = layer.mlp
-            hidden_states = mlp.down_proj(fused_gelu_mul(mlp.gate_proj(hidden_states), mlp.up_proj(hidden_states)))
+            hidden_states = mlp.down_proj(_gelu_times(mlp.act_fn, mlp.gate_proj(hidden_states), mlp.up_proj(hidden_states)))
         else:
             hidden_states = layer.mlp(hidden_states)
         residual = exact_norm.fused_residual_norm(hidden_states, *post_feedforward, residual)
         gate = layer.per_layer_input_gate(residual)
-        hidden_states = fused_gelu_mul(gate, per_layer_input) if activations else layer.act_fn(gate) * per_layer_input
+        hidden_states = (_gelu_times(layer.act_fn, gate, per_layer_input) if activations
+                         else layer.act_fn(gate) * per_layer_input)
         projected = layer.per_layer_projection(hidden_states)
         if next_input is None:
             return exact_norm.fused_residual_norm(projected, *post_per_layer, residual, scale=layer.layer_scalar)
