@@ -83,3 +83,35 @@ def tool(name: str):
     sys.modules[name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
+
+
+def run_interpreted(script: str, *args: str, missing: str) -> dict:
+    """``script``'s last printed line (JSON), run under TRITON_INTERPRET=1 in a process of its own (the interpreter
+    must be chosen before triton is first imported), with the repository as its folder and ``args`` as argv[1:];
+    skipped with ``missing`` where triton is not installed."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip(missing)
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def sm90_ptx(kernel, signature: dict, constants: dict, fusion: bool = False) -> str:
+    """The PTX Triton makes of a jitted ``kernel`` for an H100 (sm_90), compiled here without a GPU: ``signature``
+    names each runtime argument's type, ``constants`` the constexpr values; ``fusion``: enable_fp_fusion."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    source = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constants, "constexpr")},
+                       constexprs={(kernel.arg_names.index(k),): v for k, v in constants.items()})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": fusion}).asm["ptx"]

@@ -4,14 +4,12 @@ tests/gpu/test_exact_layer_gpu.py checks the kernel against the eager modules on
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import run_interpreted, sm90_ptx
 
 from helpers import decoding, exact_layer, exact_norm, loading, models
 
@@ -54,15 +52,9 @@ print(json.dumps(found))
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    """The kernel's outputs under TRITON_INTERPRET=1, in a process of its own: the interpreter must be chosen
-    before triton is first imported."""
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed: the joined kernel is checked where it is (and on the GPU)")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED, json.dumps(HIDDEN)], capture_output=True, text=True, env=env,
-                          cwd=Path(__file__).resolve().parents[1], timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """The kernel's outputs under TRITON_INTERPRET=1."""
+    return run_interpreted(INTERPRETED, json.dumps(HIDDEN),
+                           missing="triton is not installed: the joined kernel is checked where it is (and on the GPU)")
 
 
 @pytest.mark.parametrize("n", HIDDEN)
@@ -75,23 +67,15 @@ def test_the_joined_norm_add_and_scale_round_as_the_eager_sequence_and_a_one_ulp
 def test_the_joined_kernel_compiles_for_an_h100_without_fma_even_where_fusion_is_allowed():
     """Compiled for sm_90 here (no GPU needed): every bf16 rounding is integer operations on the bits, so no product
     can join the residual add as an fma; the norms keep their lone adds and one rsqrt.approx each."""
-    pytest.importorskip("triton", reason="triton is not installed")
     import re
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    kernel = exact_norm._residual_kernel(False)
+    kernel = exact_norm._residual_kernel(False) if importlib.util.find_spec("triton") else None
     order = exact_norm.mean_order(1, 2560)
     constants = {"N": 2560, "BLOCK_X": order.block_x, "LEVELS": order.levels, "CHUNKS": order.chunks,
                  "HAS_SCALE": True, "HAS_NEXT": True, "INTERPRET": False}
     signature = {"x_ptr": "*bf16", "w_ptr": "*fp32", "res_ptr": "*bf16", "scale_ptr": "*bf16", "out_ptr": "*bf16",
-                 "w2_ptr": "*fp32", "out2_ptr": "*bf16", "factor": "fp32", "eps": "fp32", "eps2": "fp32",
-                 **dict.fromkeys(constants, "constexpr")}
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(kernel.arg_names.index(k),): v for k, v in constants.items()})
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}).asm["ptx"]
+                 "w2_ptr": "*fp32", "out2_ptr": "*bf16", "factor": "fp32", "eps": "fp32", "eps2": "fp32"}
+    ptx = sm90_ptx(kernel, signature, constants)
     assert not re.findall(r"\bfma\.", ptx) and len(re.findall(r"rsqrt\.approx", ptx)) == 2
     assert re.findall(r"\band\.b32\s+%r\d+,\s*%r\d+,\s*-65536;", ptx) and re.findall(r"\bbar\.sync", ptx)
 
@@ -259,13 +243,8 @@ def test_the_emulated_fma_rounds_once_where_multiply_then_add_rounds_twice():
 
 @pytest.fixture(scope="module")
 def gelu_interpreted() -> dict:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed: the gelu kernel is checked where it is (and on the GPU)")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", GELU_INTERPRETED, str(Path(__file__).parent)], capture_output=True,
-                          text=True, env=env, cwd=Path(__file__).resolve().parents[1], timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(GELU_INTERPRETED, str(Path(__file__).parent),
+                           missing="triton is not installed: the gelu kernel is checked where it is (and on the GPU)")
 
 
 @pytest.mark.parametrize("name", ["mlp", "per-layer input"])
@@ -311,20 +290,11 @@ def test_fused_activations_need_the_rewired_layer():
 def test_the_gelu_kernel_compiles_for_an_h100_with_its_fma_and_libdevices_tanh():
     """Compiled for sm_90 here (no GPU needed), as the GPU will compile it: the contracted multiply-add is an fma,
     tanh is libdevice's (inlined: no call left), and both bf16 roundings clear the bits' low half."""
-    pytest.importorskip("triton", reason="triton is not installed")
     import re
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    kernel = exact_layer._gelu_kernel(False)
-    constants = {"N": 10240, "BLOCK": 1024, "INTERPRET": False}
-    signature = {"gate_ptr": "*bf16", "other_ptr": "*bf16", "out_ptr": "*bf16", "beta": "fp32", "kappa": "fp32",
-                 **dict.fromkeys(constants, "constexpr")}
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(kernel.arg_names.index(k),): v for k, v in constants.items()})
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}).asm["ptx"]
+    kernel = exact_layer._gelu_kernel(False) if importlib.util.find_spec("triton") else None
+    signature = {"gate_ptr": "*bf16", "other_ptr": "*bf16", "out_ptr": "*bf16", "beta": "fp32", "kappa": "fp32"}
+    ptx = sm90_ptx(kernel, signature, {"N": 10240, "BLOCK": 1024, "INTERPRET": False})
     assert re.findall(r"\bfma\.rn\.f32", ptx) and not re.findall(r"^\s*call", ptx, re.M)
     assert len(re.findall(r"\band\.b32\s+%r\d+,\s*%r\d+,\s*-65536;", ptx)) >= 2
 

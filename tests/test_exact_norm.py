@@ -5,16 +5,13 @@ orders give other bits, and a one-ulp change of one input changes the result. Th
 tools/exact_norm_probe.py (ATen on CUDA, the whole norm, timings)."""
 
 import importlib.util
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import run_interpreted, sm90_ptx
 
 from helpers import decoding, exact_norm, loading
 
@@ -196,15 +193,9 @@ print(json.dumps(found))
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    """The Triton kernel's means under TRITON_INTERPRET=1, in a process of its own: the interpreter must be chosen
-    before triton is first imported."""
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed: the fused kernel's tree is checked where it is")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED, str(Path(__file__).parent)], capture_output=True,
-                          text=True, env=env, cwd=Path(__file__).resolve().parents[1], timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """The Triton kernel's means under TRITON_INTERPRET=1."""
+    return run_interpreted(INTERPRETED, str(Path(__file__).parent),
+                           missing="triton is not installed: the fused kernel's tree is checked where it is")
 
 
 @pytest.mark.parametrize("shape", sorted(DECODE), ids=str)
@@ -223,25 +214,18 @@ def test_the_kernel_compiles_for_an_h100_without_fma_and_with_the_rsqrt_cuda_use
     """Compiled for sm_90 here (no GPU needed): every add and multiply is a lone .rn instruction (no fma: the
     squares, the factor and eps stay separate roundings, as in ATen's separate kernels), one rsqrt.approx (what
     rsqrtf is), bf16 stores rounded to nearest even."""
-    pytest.importorskip("triton", reason="triton is not installed")
     import re
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    kernel = exact_norm._triton_kernel(False)
+    kernel = exact_norm._triton_kernel(False) if importlib.util.find_spec("triton") else None
     order = exact_norm.mean_order(1, 2560)
     constants = {"N": 2560, "BLOCK_X": order.block_x, "LEVELS": order.levels, "CHUNKS": order.chunks,
                  "HAS_WEIGHT": True, "WRITE_MEAN": False, "INTERPRET": False}
     signature = {"x_ptr": "*bf16", "w_ptr": "*fp32", "out_ptr": "*bf16", "mean_ptr": "*fp32", "factor": "fp32",
-                 "eps": "fp32", **dict.fromkeys(constants, "constexpr")}
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(kernel.arg_names.index(k),): v for k, v in constants.items()})
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}).asm["ptx"]
+                 "eps": "fp32"}
+    ptx = sm90_ptx(kernel, signature, constants)
     assert not re.findall(r"\bfma\.", ptx) and re.findall(r"\badd\.rn\.f32", ptx) and re.findall(r"\bmul\.rn\.f32", ptx)
     assert len(re.findall(r"rsqrt\.approx", ptx)) == 1 and re.findall(r"cvt\.rn\.bf16\.f32", ptx)
-    fused = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": True}).asm["ptx"]
+    fused = sm90_ptx(kernel, signature, constants, fusion=True)
     assert re.findall(r"\bfma\.", fused)  # the control: with fusion allowed, x*x + acc becomes an fma
 
 

@@ -5,14 +5,11 @@ On a GPU: tests/gpu/test_exact_rotary_gpu.py."""
 
 import copy
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_interpreted, sm90_ptx
 
 from helpers import decoding, exact_rotary, models
 
@@ -98,15 +95,9 @@ print(json.dumps(found))
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    """The kernel's outputs under TRITON_INTERPRET=1, in a process of its own: the interpreter must be chosen
-    before triton is first imported."""
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed: the fused kernel is checked where it is (and on the GPU)")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED, str(Path(__file__).parent)], capture_output=True,
-                          text=True, env=env, cwd=Path(__file__).resolve().parents[1], timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """The kernel's outputs under TRITON_INTERPRET=1."""
+    return run_interpreted(INTERPRETED, str(Path(__file__).parent),
+                           missing="triton is not installed: the fused kernel is checked where it is (and on the GPU)")
 
 
 @pytest.mark.parametrize("shape", sorted(ROTARY_SHAPES), ids=str)
@@ -120,20 +111,12 @@ def test_the_rotary_kernel_compiles_for_an_h100_without_fma_even_where_fusion_is
     """Compiled for sm_90 here (no GPU needed): each product is rounded to bf16 by integer operations on its bits
     before the add, so no multiply and add can become an fma (which would skip that rounding), with or without
     Triton's fp fusion."""
-    pytest.importorskip("triton", reason="triton is not installed")
     import re
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    kernel = exact_rotary._triton_kernel(False)
-    constants = {"D": 256, "HALF": 128}
-    signature = {"x_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "out_ptr": "*bf16", "D": "constexpr",
-                 "HALF": "constexpr"}
-    source = ASTSource(kernel, signature, constexprs={(kernel.arg_names.index(k),): v for k, v in constants.items()})
+    kernel = exact_rotary._triton_kernel(False) if importlib.util.find_spec("triton") else None
+    signature = {"x_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "out_ptr": "*bf16"}
     for fusion in (False, True):
-        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": fusion}).asm["ptx"]
+        ptx = sm90_ptx(kernel, signature, {"D": 256, "HALF": 128}, fusion=fusion)
         assert not re.findall(r"\bfma\.", ptx) and re.findall(r"\bmul(\.rn)?\.f32", ptx), fusion
         assert re.findall(r"\band\.b32\s+%r\d+,\s*%r\d+,\s*-65536;", ptx), fusion  # the bits' low half cleared
 
