@@ -22,7 +22,6 @@ GPU, with a one-ulp control.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import os
@@ -184,39 +183,16 @@ def _fused_forward(layer, activations: bool, following, handoff: dict):
     return forward
 
 
-class FusedLayers:
-    """The layers ``fuse_layers`` swapped and their joined forwards: ``restore()`` (or leaving a ``with`` block) gives
-    each its own forward back; ``installed()`` puts the same forwards in again for a while (the same fp32 weights,
-    which a CUDA graph captured earlier still reads)."""
+class FusedLayers(exact_norm.SwappedForwards):
+    """The layers ``fuse_layers`` swapped and their joined forwards, and what each hands the next while a step runs."""
 
     def __init__(self, forwards: dict, handoff: dict):
-        self.forwards = forwards  # layer -> its joined forward
+        super().__init__(forwards)
         self.handoff = handoff  # layer -> (its input, that input normed) from the layer before
 
-    @property
-    def modules(self) -> list:
-        return list(self.forwards)
-
     def restore(self) -> int:
-        for layer in self.forwards:
-            vars(layer).pop("forward", None)
         self.handoff.clear()
-        return len(self.forwards)
-
-    @contextlib.contextmanager
-    def installed(self):
-        for layer, forward in self.forwards.items():
-            layer.forward = forward
-        try:
-            yield self
-        finally:
-            self.restore()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.restore()
+        return super().restore()
 
 
 def fuse_layers(model, activations: bool = False) -> FusedLayers:

@@ -383,13 +383,13 @@ def _fused_forward(module):
     return forward
 
 
-class FusedNorms:
-    """The norms ``fuse_norms`` swapped and their one-kernel forwards: ``restore()`` (or leaving a ``with`` block)
-    gives the modules their own forward back; ``installed()`` puts the same forwards in again for a while (the same
-    fp32 weights, which a CUDA graph captured earlier still reads)."""
+class SwappedForwards:
+    """Modules given forwards of their own for a while: ``restore()`` (or leaving a ``with`` block) gives each its
+    class's forward back; ``installed()`` puts the same forwards in again for a while (the same fp32 weights, which
+    a CUDA graph captured earlier still reads)."""
 
     def __init__(self, forwards: dict):
-        self.forwards = forwards  # module -> its fused forward
+        self.forwards = forwards  # module -> its swapped-in forward
 
     @property
     def modules(self) -> list:
@@ -414,6 +414,10 @@ class FusedNorms:
 
     def __exit__(self, *exc) -> None:
         self.restore()
+
+
+class FusedNorms(SwappedForwards):
+    """The norms ``fuse_norms`` swapped and their one-kernel forwards."""
 
 
 def _runs_its_class_forward(module) -> bool:
