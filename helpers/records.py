@@ -447,11 +447,13 @@ def _decode_speed(directory: Path, preset: str = "decode-speed", reference: str 
         rate, profile = record.get("decode_tokens_per_s"), record.get("profile") or {}
         launches, busy = profile.get("by_step", {}).get("launches"), profile.get("device_busy_fraction")
         kernels = kernels_per_step(record)
-        rows.append((name, _outcome(record, rate), _ratio(rate, plain), str(record.get("bandwidth_limit_tokens_per_s", "-")),
+        limit = record.get("bandwidth_limit_tokens_per_s")
+        rows.append((name, _outcome(record, rate), _ratio(rate, plain), str(limit or "-"),
+                     f"{rate / limit:.1%}" if rate and limit else "-",
                      _identity(record.get("identity", {})), f"{launches:,.0f}" if launches else "-",
                      f"{kernels:,.0f}" if kernels else "-", f"{busy:.0%}" if busy else "-"))
     return Table(("mode", "tokens/s", {"generate": "x plain generate", "cudagraphs": "x CUDA-graph step"}[reference],
-                  "bandwidth limit, tokens/s", "logits vs generate with a static cache",
+                  "bandwidth limit, tokens/s", "of the limit", "logits vs generate with a static cache",
                   "CPU launches per step (profile)", "GPU kernels per step (profile)", "GPU busy (profile)"), tuple(rows),
                  _command(run))
 
