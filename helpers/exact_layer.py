@@ -96,7 +96,6 @@ def fused_gelu_mul(gate: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return out
 
 
-
 def is_decode_input(hidden_states: torch.Tensor) -> bool:
     """One bf16 token of one sequence on CUDA ([1, 1, hidden]) whose norm order ``exact_norm`` derives."""
     return (hidden_states.dtype == torch.bfloat16 and hidden_states.numel() == hidden_states.shape[-1]
