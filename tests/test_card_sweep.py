@@ -170,6 +170,38 @@ def test_a_packed_part_brings_back_the_groups_a_deadline_stopped_before_they_rec
     assert "GPU_CARDS=" in added["command"] and (here / f"notebooks-{shape}-{'-'.join(cards)}.log").read_text() == "log"
 
 
+def test_an_unpacked_group_is_stamped_with_the_machine_it_ran_on_not_another_cards(tmp_path, monkeypatch):
+    """Part 16 ran on an H100 on 2026-12-06; unpacking it stamped its cards "NVIDIA H200", taken from another card
+    recorded that day on another machine. The box packs its own machine; an older bundle lends only the same card's."""
+    from tools import record_nbval
+
+    box, build = tmp_path / "box", tmp_path / "build"
+    box.mkdir(), build.mkdir()
+    shape, cards = card_sweep.parts()[0]
+    other = {"passed": 8, "failed": 0, "skipped": 0, "seconds": 30.0, "result": "pass", "gpu": "NVIDIA H200",
+             "gpu_total_bytes": 150109880320, "versions": {"transformers": "5.24.0"}, "date": "2026-12-06",
+             "command": "c", "code_sha": "x"}
+    (box / f"notebooks-{shape}.json").write_text(json.dumps({"model": shape, "cards": {"99 GB": {"00_setup.ipynb": other}}}))
+    (build / f"nbval-gpu-{cards[0]}-2.xml").write_text(
+        '<testsuites><testsuite timestamp="2026-12-06T08:05:00"><testcase classname="notebooks.04_named_modules.ipynb" '
+        'name="Cell 0" time="1.5"/></testsuite></testsuites>')
+    monkeypatch.setattr(card_sweep, "BUILD_DIR", build)
+    monkeypatch.setenv("CARD_GB", "")
+    h100 = {"gpu": "NVIDIA H100 80GB HBM3", "gpu_total_bytes": 85017493504, "versions": {"transformers": "5.24.0"}}
+    for name, machine, expected in (("stamped", h100, h100["gpu"]), ("unstamped", None, None)):
+        here = tmp_path / name
+        here.mkdir()
+        monkeypatch.setattr(card_sweep, "GPU_TIER_DIR", box)
+        bundle = card_sweep.pack([1], here, environment=machine)
+        assert not (here / card_sweep.ENVIRONMENT).exists()  # only inside the bundle
+        monkeypatch.setattr(card_sweep, "GPU_TIER_DIR", here)
+        monkeypatch.setattr(record_nbval, "GPU_TIER_DIR", here)
+        card_sweep.unpack(bundle)
+        record = json.loads((here / f"notebooks-{shape}.json").read_text())["cards"]
+        added = record.get(f"{cards[0]} GB", {}).get("04_named_modules.ipynb")
+        assert (added or {}).get("gpu") == expected  # the other card's H200 lent to neither
+
+
 def test_two_parts_packed_from_one_tree_and_unpacked_in_turn_keep_each_others_cards(tmp_path, monkeypatch):
     """Each bundle carries the whole record it started from; taking one in whole undid the other (parts 12-13 and 14,
     2026-12-05). Only a bundle's own cards replace the tree's."""

@@ -160,11 +160,19 @@ def bundle_name(numbers) -> str:
     return "part-" + "-".join(str(number) for number in numbers) + ".tgz"
 
 
-def pack(numbers, folder: Path, log: Path | None = None) -> Path:
+ENVIRONMENT = "environment.json"
+
+
+def pack(numbers, folder: Path, log: Path | None = None, environment: dict | None = None) -> Path:
     """One file for the way back (a lent machine returns a few files only): the record of each shape the parts ran,
-    the JUnit files of this run and its log."""
+    the JUnit files of this run, its log and the machine it ran on (``environment``: GPU, memory, versions)."""
     target = Path(folder) / bundle_name(numbers)
     with tarfile.open(target, "w:gz") as bundle:
+        if environment is not None:
+            stamp = Path(folder) / ENVIRONMENT
+            write_text_atomically(stamp, json.dumps(environment))
+            bundle.add(stamp, arcname=ENVIRONMENT)
+            stamp.unlink()
         for shape in sorted({parts()[number - 1][0] for number in numbers}):
             record = GPU_TIER_DIR / f"notebooks-{shape}.json"
             if record.is_file():
@@ -177,9 +185,10 @@ def pack(numbers, folder: Path, log: Path | None = None) -> Path:
 
 
 def unpack(bundle_path: Path) -> list:
-    """Take a packed run in: the cards of its parts replace this tree's in each shape's record, then every JUnit file
-    is recorded again, with the environment the record holds for that run, so a group stopped before its own record
-    counts."""
+    """Take a packed run in: the cards of its parts replace this tree's in each shape's record, then each JUnit file
+    the box did not record itself is recorded, so a group stopped before its own record counts. It is stamped with
+    the machine the bundle names or, from a bundle without one, the one its record holds for the same card that day;
+    never another card's, which may have run on another machine."""
     from lab.records import write_record
     from tools import record_nbval
 
@@ -195,7 +204,7 @@ def unpack(bundle_path: Path) -> list:
             if not record.is_file():
                 raise SystemExit(f"{bundle_path} holds no notebooks-{shape}.json: the run recorded nothing for {shape}")
             packed = json.loads(record.read_text())
-            entries[shape] = [entry for card in packed["cards"].values() for entry in card.values()]
+            entries[shape] = packed["cards"]
             # only this bundle's cards: a bundle packed beside another from the same tree must not undo that one's
             mine = {card_label(card) for card, card_shape in shape_of.items() if card_shape == shape}
             here = GPU_TIER_DIR / record.name
@@ -206,11 +215,16 @@ def unpack(bundle_path: Path) -> list:
             cards = [card for number in numbers for card in parts()[number - 1][1]]
             shapes = "-".join(sorted(set(shape_of.values())))
             write_text_atomically(GPU_TIER_DIR / f"notebooks-{shapes}-{'-'.join(cards)}.log", (work / LOG).read_text())
+        machine = json.loads((work / ENVIRONMENT).read_text()) if (work / ENVIRONMENT).is_file() else None
         for junit in sorted((work / "junit").glob("nbval-gpu-*.xml")):
             card = junit.name.removeprefix("nbval-gpu-").rsplit("-", 1)[0]
             shape = shape_of.get(card)
             date = record_nbval.run_date(junit)
-            same_run = [e for e in entries.get(shape, []) if e.get("date") == date and "gpu" in e]
+            card_entries = entries.get(shape, {}).get(card_label(card), {})
+            if all(card_entries.get(name, {}).get("date") == date and card_entries[name]["passed"] == counts["passed"]
+                   for name, counts in record_nbval.summarise(junit).items()):
+                continue  # the box recorded this group itself, with its own command
+            same_run = [machine] if machine else [e for e in card_entries.values() if e.get("date") == date and "gpu" in e]
             if not same_run:
                 continue
             environment = work / "environment.jsonl"
@@ -263,7 +277,11 @@ def main(argv=None) -> int:
     log = Path(args.pack) / LOG if args.pack else None
     status = run(numbers, args.deadline, log)
     if args.pack:
-        print(f"packed {pack(numbers, args.pack, log)}")
+        import torch
+
+        from lab.records import environment
+
+        print(f"packed {pack(numbers, args.pack, log, environment() if torch.cuda.is_available() else None)}")
     return status
 
 
