@@ -65,6 +65,24 @@ def test_the_sweep_names_as_still_to_run_a_card_whose_record_is_missing_stale_or
     assert card_sweep.unfinished("e4b-shape", ("4",), tmp_path, notebooks) == []
 
 
+def test_a_card_whose_notebooks_passed_in_different_runs_is_run_again_whole(tmp_path):
+    """4.5 GB had notebook 03 rerun after a fix and 4.55 GB notebook 10 after a kernel timed out: each card's column
+    then mixed two runs (two machines for 4.55 GB), where the sweep promises one run of its command per card."""
+    import json
+
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    for name in ("00_a.ipynb", "01_b.ipynb"):
+        (notebooks / name).write_text(json.dumps({"cells": [{"cell_type": "code", "source": name}]}))
+    run = {"result": "pass", "gpu": "NVIDIA H200", "date": "2026-12-04", "command": "make test-gpu-cards"}
+    entry = {name: {**run, "code_sha": card_sweep.code_hash(name, notebooks)} for name in ("00_a.ipynb", "01_b.ipynb")}
+    cards_recorded = {"4 GB": entry,  # the control: one run
+                      "6 GB": {**entry, "01_b.ipynb": {**entry["01_b.ipynb"], "gpu": "NVIDIA H100 80GB HBM3"}}}
+    (tmp_path / "notebooks-e4b-shape.json").write_text(json.dumps({"cards": cards_recorded}))
+    assert card_sweep.unfinished("e4b-shape", ("4", "6"), tmp_path, notebooks) == [
+        "6 GB: 00_a.ipynb one of 2 runs", "6 GB: 01_b.ipynb one of 2 runs"]
+
+
 def test_a_notebook_checked_out_with_windows_line_ends_hashes_as_the_same_code(tmp_path):
     import json
 

@@ -87,16 +87,19 @@ def parts() -> list:
 
 
 def unfinished(shape: str, cards: tuple, folder: Path = GPU_TIER_DIR, notebooks: Path = NOTEBOOKS_DIR) -> list:
-    """One "card: notebook why" for each notebook of the part not recorded as passing on the code it has now."""
+    """One "card: notebook why" for each notebook of the part not recorded as passing on the code it has now, or
+    recorded by more runs than one for its card: a card counts as one run of the sweep's command, whole."""
     path = folder / f"notebooks-{shape}.json"
     recorded = json.loads(path.read_text())["cards"] if path.is_file() else {}
     current = {p.name: code_hash(p.name, notebooks) for p in sorted(notebooks.glob("*.ipynb"))}  # each read once
     left = []
     for card in cards:
+        entries = recorded.get(card_label(card), {})
+        runs = {(e.get("gpu"), e.get("date"), e.get("command")) for name, e in entries.items() if name in current}
         for notebook, code in current.items():
-            entry = recorded.get(card_label(card), {}).get(notebook)
+            entry = entries.get(notebook)
             why = ("not run" if entry is None else "stale" if entry.get("code_sha") != code
-                   else None if entry["result"] == "pass" else "failed")
+                   else "failed" if entry["result"] != "pass" else f"one of {len(runs)} runs" if len(runs) > 1 else None)
             if why:
                 left.append(f"{card_label(card)}: {notebook} {why}")
     return left
