@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import functools
+import io
 import json
 import os
 import signal
@@ -171,11 +172,11 @@ def pack(numbers, folder: Path, log: Path | None = None, environment: dict | Non
     the JUnit files of this run, its log and the machine it ran on (``environment``: GPU, memory, versions)."""
     target = Path(folder) / bundle_name(numbers)
     with tarfile.open(target, "w:gz") as bundle:
-        if environment is not None:
-            stamp = Path(folder) / ENVIRONMENT
-            write_text_atomically(stamp, json.dumps(environment))
-            bundle.add(stamp, arcname=ENVIRONMENT)
-            stamp.unlink()
+        if environment is not None:  # straight into the bundle: nothing beside it on disk
+            stamp = json.dumps(environment).encode()
+            member = tarfile.TarInfo(ENVIRONMENT)
+            member.size = len(stamp)
+            bundle.addfile(member, io.BytesIO(stamp))
         for shape in sorted({parts()[number - 1][0] for number in numbers}):
             record = GPU_TIER_DIR / f"notebooks-{shape}.json"
             if record.is_file():
