@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import StaticSlidingWindowLayer
 
-from . import exact_layer, exact_norm, exact_rotary, placement
+from . import exact_layer, exact_nf4, exact_norm, exact_rotary, placement
 from .errors import InvalidChoiceError, NoRecordError, RecordFileError, TunedDecodeError, require_bool, require_choice, require_whole_number
 from .long_context import cache_argument, new_cache, require_prompt
 from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
@@ -36,7 +36,7 @@ COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead")
 # eager: Dynamo traces the step (graph breaks show) but runs the same kernels, for the CPU;
 # cudagraphs: the eager step captured in a torch.cuda.CUDAGraph (no compiler; on a CPU the same static buffers,
 # run eagerly); reduce-overhead: Inductor's fused kernels in CUDA graphs
-FUSIONS = ("fused_norms", "fused_rotary", "fused_layers", "fused_activations")  # the Decoder settings that swap in exact kernels
+FUSIONS = ("fused_norms", "fused_rotary", "fused_layers", "fused_activations", "fused_gemv")  # the Decoder settings that swap in exact kernels
 
 PLE_OPTIONS = {
     "host lookup per token (this module)":
@@ -73,6 +73,7 @@ class Decoder:
     fused_rotary: bool = False  # each rotary embedding of a decode step in one kernel that rounds as ATen does
     fused_layers: bool = False  # each decoder layer's norm-and-residual ends in one kernel each (exact_layer)
     fused_activations: bool = False  # and each gelu with the product after it (needs fused_layers)
+    fused_gemv: bool = False  # each NF4 projection in a kernel that sums as bitsandbytes' does, siblings joined (exact_nf4)
 
     def __post_init__(self):
         if self.compile not in COMPILE_MODES:
@@ -475,6 +476,10 @@ class TunedGreedy:
         if settings.fused_layers:
             self.fused_layers = exact_layer.fuse_layers(model, settings.fused_activations)  # likewise
             self.fused_layers.restore()
+        self.fused_gemv = None
+        if settings.fused_gemv:
+            self.fused_gemv = exact_nf4.fuse_gemv(model)  # likewise
+            self.fused_gemv.restore()
         forward = self._host_free_forward if settings.host_free else model.forward
         self.graphs = StepGraphs(forward, self.device) if settings.compile == "cudagraphs" else None
         self._cache, self._cache_len = None, None
@@ -684,7 +689,8 @@ class TunedGreedy:
             norms = self.fused_norms.installed() if self.fused_norms else contextlib.nullcontext()
             rotary = self.fused_rotary.installed() if self.fused_rotary else contextlib.nullcontext()
             layers = self.fused_layers.installed() if self.fused_layers else contextlib.nullcontext()
-            with torch.profiler.record_function(decode_range(new_tokens - 1)), norms, rotary, layers:
+            gemv = self.fused_gemv.installed() if self.fused_gemv else contextlib.nullcontext()
+            with torch.profiler.record_function(decode_range(new_tokens - 1)), norms, rotary, layers, gemv:
                 tokens, kept = decode(logits, ids.shape[1], new_tokens, keep_logits, cache, mask_2d)
             synchronize(self.device)
             done = time.perf_counter()

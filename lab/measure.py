@@ -38,6 +38,8 @@ Decoding speed (``helpers.decoding``): ``--decode MODE`` times greedy decoding o
   host-free-fused-layers  and each decoder layer's norm-and-residual block ends in one kernel each
                    (helpers.exact_layer)
   host-free-fused-all  and each gelu with the product after it in one kernel
+  host-free-fused-gemv  and each NF4 projection in a kernel with bitsandbytes' bits, the q, k, v and the gate, up
+                   projections one launch each (helpers.exact_nf4)
 ``--profile-trace PATH`` also writes a ``torch.profiler`` Chrome trace of ``--profile-steps`` decode steps.
 """
 
@@ -79,14 +81,15 @@ ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nu
 DECODE_MODES = {"generate": None, "generate-static": None, "loop": None, "dynamo": "eager", "cudagraphs": "cudagraphs",
                 "reduce-overhead": "reduce-overhead", "host-free": "cudagraphs", "host-free-fused": "cudagraphs",
                 "host-free-fused-rotary": "cudagraphs", "host-free-fused-layers": "cudagraphs",
-                "host-free-fused-all": "cudagraphs"}
+                "host-free-fused-all": "cudagraphs", "host-free-fused-gemv": "cudagraphs"}
 # decoding.Decoder(host_free=True): no host read inside the loop
 HOST_FREE_MODES = ("host-free", "host-free-fused", "host-free-fused-rotary", "host-free-fused-layers",
-                   "host-free-fused-all")
+                   "host-free-fused-all", "host-free-fused-gemv")
 FUSED_NORM_MODES = HOST_FREE_MODES[1:]  # decoding.Decoder(fused_norms=True)
 FUSED_ROTARY_MODES = HOST_FREE_MODES[2:]  # decoding.Decoder(fused_rotary=True)
 FUSED_LAYER_MODES = HOST_FREE_MODES[3:]  # decoding.Decoder(fused_layers=True)
 FUSED_ACTIVATION_MODES = HOST_FREE_MODES[4:]  # decoding.Decoder(fused_activations=True)
+FUSED_GEMV_MODES = HOST_FREE_MODES[5:]  # decoding.Decoder(fused_gemv=True)
 
 
 def decoder(decode: str):
@@ -94,7 +97,7 @@ def decoder(decode: str):
     return decoding.Decoder(compile=DECODE_MODES[decode], host_free=decode in HOST_FREE_MODES,
                             fused_norms=decode in FUSED_NORM_MODES, fused_rotary=decode in FUSED_ROTARY_MODES,
                             fused_layers=decode in FUSED_LAYER_MODES,
-                            fused_activations=decode in FUSED_ACTIVATION_MODES)
+                            fused_activations=decode in FUSED_ACTIVATION_MODES, fused_gemv=decode in FUSED_GEMV_MODES)
 
 
 def path_settings(path: str | None, chunk: int = DEFAULT_CHUNK) -> LongContext | None:

@@ -1,0 +1,335 @@
+"""bitsandbytes' one-token NF4 matmul as a Triton kernel with bitsandbytes' bits on CUDA, and several of them that
+read one input in one launch.
+
+A batch-1 decode step spends most of its GPU time in bitsandbytes' SIMT kernel (``gemm_4bit_simt`` in its
+``csrc/gemm_4bit_simt.cu``, 0.50), one launch per projection. That kernel gives each output row one warp; lane
+``l`` walks K in groups of 1024, taking the 32 weights at ``g * 1024 + l * 32``; it rounds each weight
+(centroid times block scale) and each product to the compute dtype, adds the two products of a byte in fp32, adds
+that to its fp32 sum in order, and the warp sums its 32 lanes with ``__shfl_down`` at 16, 8, 4, 2 and 1. The sums
+here run in exactly that order, so the result is the same to the bit:
+
+* ``gemv_eager(x, module)``: that order in plain torch ops, on any device (the CPU tests' reference);
+* ``nf4_gemv(x, modules)``: one kernel for one or more NF4 ``Linear4bit`` that read the same one-token input;
+* ``fuse_gemv(model)``: each NF4 ``Linear4bit`` of a model takes the kernel for one-token CUDA inputs and keeps its
+  own forward for anything else; the q, k and v projections of an attention block, and the gate and up
+  projections of an MLP, run as one launch. ``.installed()`` / ``.restore()`` as ``exact_norm.SwappedForwards``.
+
+tests/gpu/test_exact_nf4_gpu.py checks the bits against bitsandbytes on a GPU beside a one-ulp control.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from . import exact_norm
+from .errors import InvalidChoiceError, require_model
+
+GROUP = 1024  # K elements a warp takes per step: 32 lanes x 32 weights (NUM_VAL, K_STRIDE in gemm_4bit_simt.cu)
+LANES = 32
+NESTED_BLOCK = 256  # bitsandbytes' gemm_4bit takes nested scales only with state2.blocksize 256
+ROWS = 8  # output rows per program (tools/nf4_gemv_probe.py times the choices; the bits are the same for any)
+WARPS = 4
+
+tl = None  # triton.language, bound by _kernel() on first use (the kernel's source names it)
+_to_bf16 = None
+
+
+def _round_to(v, IS_BF16: tl.constexpr):
+    """fp32 -> the nearest bf16 or fp16 (ties to even), kept in fp32."""
+    if IS_BF16:
+        return _to_bf16(v)
+    return v.to(tl.float16, fp_downcast_rounding="rtne").to(tl.float32)
+
+
+def _gemv_kernel(x_ptr, out_ptr, lut_ptr, code_ptr, words0, scales0, nested0, offset0, words1, scales1, nested1,
+                 offset1, words2, scales2, nested2, offset2, END0, END1, N_ALL, K: tl.constexpr,
+                 BLOCK_LOG2: tl.constexpr, NESTED: tl.constexpr, IS_BF16: tl.constexpr, ROWS: tl.constexpr):
+    """Rows [0, N_ALL) of up to three weights stacked (weight i holds rows [END(i-1), END(i))): out[row] = the row
+    times x, summed as bitsandbytes' SIMT kernel sums (module docstring). Masked lanes add nothing, as its idle
+    lanes do."""
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
+    lane = tl.arange(0, 32)[None, :]  # [1, 32]
+    first, second = row < END0, row < END1
+    words = tl.where(first, words0, tl.where(second, words1, words2))  # int32 pointer per row
+    scales = tl.where(first, scales0, tl.where(second, scales1, scales2))
+    local = tl.where(first, row, tl.where(second, row - END0, row - END1))  # the row inside its own weight
+    live_row = row < N_ALL
+    acc = tl.zeros([ROWS, 32], dtype=tl.float32)
+    for group in tl.static_range((K + 1023) // 1024):
+        inner = group * 1024 + lane * 32  # this lane's first K index, [1, 32]
+        on = live_row & (inner < K)
+        block = local * (K >> BLOCK_LOG2) + (inner >> BLOCK_LOG2)
+        if NESTED:
+            nested = tl.where(first, nested0, tl.where(second, nested1, nested2))
+            offset = tl.load(tl.where(first, offset0, tl.where(second, offset1, offset2)), mask=on, other=0.0)
+            index = tl.load(nested + block, mask=on, other=0).to(tl.int32)
+            scale = tl.fma(tl.load(code_ptr + index, mask=on, other=0.0), tl.load(scales + (block >> 8), mask=on,
+                                                                                   other=0.0), offset)
+        else:
+            scale = tl.load(scales + block, mask=on, other=0.0)
+        scale = _round_to(scale, IS_BF16)
+        a_on = inner < K
+        for w in tl.static_range(4):  # the lane's 16 bytes as four little-endian words
+            word = tl.load(words + local * (K // 8) + inner // 8 + w, mask=on, other=0)
+            for s in tl.static_range(4):
+                byte = (word >> (8 * s)) & 0xFF
+                k = inner + 2 * (4 * w + s)  # the high nibble is the lower K index
+                low = _round_to(_round_to(tl.load(lut_ptr + (byte >> 4)) * scale, IS_BF16)
+                                * tl.load(x_ptr + k, mask=a_on, other=0.0).to(tl.float32), IS_BF16)
+                high = _round_to(_round_to(tl.load(lut_ptr + (byte & 0xF)) * scale, IS_BF16)
+                                 * tl.load(x_ptr + k + 1, mask=a_on, other=0.0).to(tl.float32), IS_BF16)
+                acc += tl.where(on, low + high, 0.0)
+    total = tl.sum(tl.reshape(acc, [ROWS, 2, 16]), axis=1)  # lane i + lane i+16, then 8, 4, 2, 1: __shfl_down's tree
+    total = tl.sum(tl.reshape(total, [ROWS, 2, 8]), axis=1)
+    total = tl.sum(tl.reshape(total, [ROWS, 2, 4]), axis=1)
+    total = tl.sum(tl.reshape(total, [ROWS, 2, 2]), axis=1)
+    total = tl.sum(total, axis=1)  # [ROWS]
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    tl.store(out_ptr + rows, _round_to(total + 0.0, IS_BF16).to(out_ptr.dtype.element_ty), mask=rows < N_ALL)
+
+
+@functools.lru_cache(maxsize=2)
+def _kernel(interpret: bool):
+    """The kernel, jitted on first use (``interpret``: TRITON_INTERPRET was set, CPU tensors)."""
+    global tl
+    import triton
+
+    globals()["_to_bf16"] = exact_norm.jit_helpers()["_to_bf16"]
+    tl = exact_norm.tl
+    globals()["_round_to"] = triton.jit(_round_to)
+    return triton.jit(_gemv_kernel)
+
+
+# --------------------------------------------------------------------------- which layers, which inputs
+
+def _state(module):
+    weight = getattr(module, "weight", None)
+    return getattr(weight, "quant_state", None)
+
+
+def takes_kernel(module) -> bool:
+    """An NF4 ``Linear4bit`` without a bias, in inference, whose K the kernel's groups cover: what ``nf4_gemv``
+    takes. Nested (double-quantized) scales only as bitsandbytes' fused kernel takes them (state2 blocks of 256)."""
+    state = _state(module)
+    if type(module).__name__ not in ("Linear4bit", "LinearNF4") or state is None or module.training:
+        return False
+    if getattr(module, "bias", None) is not None or state.quant_type != "nf4" or len(state.shape) != 2:
+        return False
+    n, k = (int(d) for d in state.shape)
+    blocksize = int(state.blocksize)
+    if k % 32 or k % blocksize or blocksize & (blocksize - 1) or blocksize < 32:
+        return False
+    if state.nested and int(state.state2.blocksize) != NESTED_BLOCK:
+        return False
+    return module.weight.is_contiguous() and module.weight.data_ptr() % 16 == 0 and module.weight.numel() * 2 == n * k
+
+
+def compute_dtype(module) -> torch.dtype | None:
+    """The dtype the layer computes in once it has run (None before: bitsandbytes sets it on the first call)."""
+    if not getattr(module, "compute_type_is_set", False):
+        return None
+    return module.compute_dtype
+
+
+def is_decode_input(x: torch.Tensor, modules: list) -> bool:
+    """One CUDA token ([..., K], one row, contiguous) in the dtype the layers compute in, on their device."""
+    if x.device.type != "cuda" or x.numel() != x.shape[-1] or not x.is_contiguous():
+        return False
+    return all(compute_dtype(m) == x.dtype in (torch.bfloat16, torch.float16) and m.weight.device == x.device
+               and int(_state(m).shape[1]) == x.shape[-1] for m in modules)
+
+
+# --------------------------------------------------------------------------- the reference and the launch
+
+def _scales(state) -> torch.Tensor:
+    """The fp32 block scales as bitsandbytes' kernel makes them (nested: code[q] * absmax2[b >> 8] + offset, one
+    contracted multiply-add)."""
+    if not state.nested:
+        return state.absmax.float()
+    quantized = state.absmax.long()
+    coarse = state.state2.absmax.float()[torch.arange(quantized.numel(), device=quantized.device) // NESTED_BLOCK]
+    fine = state.state2.code.float()[quantized]
+    # the product of two fp32 is exact in float64; the sum then rounds twice, which the GPU test would catch
+    return (fine.double() * coarse.double() + state.offset.double()).float()
+
+
+def _lut(state, dtype: torch.dtype) -> torch.Tensor:
+    """The 16 NF4 centroids rounded to the compute dtype, kept in fp32 (``static_cast<T>(lut[lane])``)."""
+    return state.code.float().to(dtype).float().contiguous()
+
+
+def gemv_eager(x: torch.Tensor, module) -> torch.Tensor:
+    """``module(x)`` for one token, summed in the order of bitsandbytes' SIMT kernel with torch ops: the reference
+    the kernel is held to. ``x``: [..., K] with one row, in the layer's compute dtype."""
+    state, dtype = _state(module), x.dtype
+    n, k = (int(d) for d in state.shape)
+    groups = -(-k // GROUP)
+
+    def rounded(v):
+        return v.to(dtype).float()
+
+    packed = module.weight.detach().reshape(n, k // 2)
+    nibbles = torch.stack([packed >> 4, packed & 0xF], dim=-1).reshape(n, k).long()  # high nibble first
+    scale = rounded(_scales(state).reshape(n, -1)).repeat_interleave(int(state.blocksize), dim=1)
+    weights = rounded(_lut(state, dtype)[nibbles] * scale)
+    products = rounded(weights * x.reshape(1, k).float())
+    pairs = products[:, 0::2] + products[:, 1::2]  # [n, k/2]
+    padded = torch.zeros(n, groups * GROUP // 2, dtype=torch.float32, device=pairs.device)
+    padded[:, :k // 2] = pairs
+    lanes = padded.reshape(n, groups, LANES, 16)
+    acc = torch.zeros(n, LANES, dtype=torch.float32, device=pairs.device)
+    for group in range(groups):
+        for pair in range(16):
+            acc = acc + lanes[:, group, :, pair]
+    while acc.shape[1] > 1:
+        half = acc.shape[1] // 2
+        acc = acc[:, :half] + acc[:, half:]
+    return (acc[:, 0] + 0.0).to(dtype).reshape(*x.shape[:-1], n)
+
+
+class _Weights:
+    """What the kernel reads of one layer, made once: its packed bytes as int32 words, its scales and centroids."""
+
+    def __init__(self, module):
+        state = self.state = _state(module)
+        self.n, self.k = (int(d) for d in state.shape)
+        self.words = module.weight.detach().reshape(-1).view(torch.uint8).view(torch.int32)
+        self.nested = bool(state.nested)
+        if self.nested:
+            self.scales = state.state2.absmax.float().contiguous()
+            self.quantized = state.absmax.contiguous()
+            self.code = state.state2.code.float().contiguous()
+            self.offset = state.offset.float().reshape(1).contiguous()
+        else:
+            self.scales = state.absmax.float().contiguous()
+            self.quantized = self.code = self.offset = None
+        self.blocksize = int(state.blocksize)
+        self.luts = {}
+
+    def lut(self, dtype):
+        if dtype not in self.luts:
+            self.luts[dtype] = _lut(self.state, dtype)
+        return self.luts[dtype]
+
+
+def _weights(module) -> _Weights:
+    cached = vars(module).get("_exact_nf4")
+    if cached is None or cached.words.data_ptr() != module.weight.data_ptr():
+        cached = _Weights(module)
+        module._exact_nf4 = cached
+    return cached
+
+
+def can_join(modules: list) -> bool:
+    """Layers one launch can run: one to three that ``takes_kernel``, with one K, one block size, one nesting and one
+    centroid table."""
+    if not 1 <= len(modules) <= 3 or not all(takes_kernel(m) for m in modules):
+        return False
+    states = [_state(m) for m in modules]
+    first = states[0]
+    return all(int(s.shape[1]) == int(first.shape[1]) and int(s.blocksize) == int(first.blocksize)
+               and bool(s.nested) == bool(first.nested) and torch.equal(s.code.cpu(), first.code.cpu())
+               for s in states)
+
+
+def nf4_gemv(x: torch.Tensor, modules: list) -> list:
+    """Each layer of ``modules`` (``can_join``) applied to the one-token ``x`` in one launch, with bitsandbytes' bits:
+    a list of outputs, [..., N_i] each, in x's dtype."""
+    if not can_join(list(modules)):
+        raise InvalidChoiceError("nf4_gemv takes one to three NF4 Linear4bit layers without a bias that share K, "
+                                 "block size and nesting; run the others as they are.")
+    held = [_weights(m) for m in modules]
+    if x.numel() != x.shape[-1] or x.dtype not in (torch.bfloat16, torch.float16) or x.shape[-1] != held[0].k:
+        raise InvalidChoiceError(f"nf4_gemv takes one token of {held[0].k} bf16 or fp16 values; got "
+                                 f"{tuple(x.shape)} {x.dtype}.")
+    x = x.contiguous()
+    sizes = [w.n for w in held]
+    out = torch.empty(sum(sizes), dtype=x.dtype, device=x.device)
+    padded = held + [held[-1]] * (3 - len(held))
+    ends = [sum(sizes[:i + 1]) for i in range(len(sizes))] + [sum(sizes)] * (3 - len(sizes))
+    nested = held[0].nested
+    arguments = []
+    for w in padded:
+        arguments += [w.words, w.scales, w.quantized if nested else w.words, w.offset if nested else w.scales]
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    total = sum(sizes)
+    _kernel(interpret)[(-(-total // ROWS),)](
+        x, out, held[0].lut(x.dtype), held[0].code if nested else held[0].scales, *arguments, ends[0], ends[1], total,
+        K=held[0].k, BLOCK_LOG2=held[0].blocksize.bit_length() - 1, NESTED=nested, IS_BF16=x.dtype == torch.bfloat16,
+        ROWS=ROWS, num_warps=WARPS, enable_fp_fusion=False)
+    shape = x.shape[:-1]
+    return [part.reshape(*shape, n) for part, n in zip(out.split(sizes), sizes)]
+
+
+# --------------------------------------------------------------------------- the model's layers
+
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read one input
+
+
+def _joined_forward(module, group: list, handoff: dict):
+    """``module``'s forward: for a one-token CUDA input, the first of ``group`` runs the whole group in one launch
+    and leaves each sibling its output in ``handoff``, which the sibling takes only for the very same input tensor;
+    anything else (prefill, another dtype) runs the layer's own forward."""
+    original = module.forward  # the class's forward, bound
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if module is not group[0]:
+            pending = handoff.pop(module, None)
+            if pending is not None and pending[0] is x:
+                return pending[1]
+        if not is_decode_input(x, group if module is group[0] else [module]):
+            return original(x)
+        if module is not group[0]:
+            return nf4_gemv(x, [module])[0]
+        outputs = nf4_gemv(x, group)
+        for sibling, output in zip(group[1:], outputs[1:]):
+            handoff[sibling] = (x, output)
+        return outputs[0]
+
+    return forward
+
+
+class JoinedGemv(exact_norm.SwappedForwards):
+    """The layers ``fuse_gemv`` swapped, their forwards, and what a group's first layer leaves its siblings."""
+
+    def __init__(self, forwards: dict, handoff: dict, groups: list):
+        super().__init__(forwards)
+        self.handoff, self.groups = handoff, groups
+
+    def restore(self) -> int:
+        self.handoff.clear()
+        return super().restore()
+
+
+def gemv_groups(model) -> list:
+    """The NF4 layers of ``model`` the kernel takes, as launches: a block's q, k, v (those it has) and an MLP's gate
+    and up each as one group, every other such layer alone."""
+    require_model(model)
+    groups, grouped = [], set()
+    for parent in model.modules():
+        for names in GROUPS:
+            members = [getattr(parent, name, None) for name in names]
+            members = [m for m in members if m is not None]
+            if len(members) > 1 and len(members) == sum(1 for n in names if getattr(parent, n, None) is not None) \
+                    and all(exact_norm._runs_its_class_forward(m) for m in members) and can_join(members):
+                groups.append(members)
+                grouped.update(members)
+    for module in model.modules():
+        if module not in grouped and takes_kernel(module) and exact_norm._runs_its_class_forward(module):
+            groups.append([module])
+    return groups
+
+
+def fuse_gemv(model) -> JoinedGemv:
+    """Give each NF4 layer of ``model`` that ``takes_kernel`` the forward that runs ``nf4_gemv`` for one-token CUDA
+    inputs, siblings that read one input in one launch (``gemv_groups``), and its own forward for anything else.
+    Call it after the model is placed and accelerate's hooks are removed; capture CUDA graphs after it."""
+    groups = gemv_groups(model)
+    handoff: dict = {}
+    forwards = {module: _joined_forward(module, group, handoff) for group in groups for module in group}
+    for module, forward in forwards.items():
+        module.forward = forward
+    return JoinedGemv(forwards, handoff, groups)

@@ -1,0 +1,60 @@
+"""GPU tier, issue 31: each NF4 projection of a decode step through helpers.exact_nf4's kernel gives
+bitsandbytes' own bits on CUDA, alone and joined with its siblings, beside a one-ulp control."""
+
+import pytest
+import torch
+
+from helpers import exact_nf4
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+bnb = pytest.importorskip("bitsandbytes")
+
+# (N, K) of E4B's projections: q, k/v (sliding and full), o, gate/up, down, the per-layer gate and projection
+SHAPES = [(2048, 2560), (512, 2560), (4096, 2560), (1024, 2560), (2560, 2048), (2560, 4096), (10240, 2560),
+          (2560, 10240), (256, 2560), (2560, 256)]
+
+
+def linear(n: int, k: int, dtype, nested: bool, generator):
+    module = bnb.nn.Linear4bit(k, n, bias=False, compute_dtype=dtype, quant_type="nf4", compress_statistics=nested)
+    weight = torch.randn(n, k, generator=generator) * (0.02 + torch.rand(n, 1, generator=generator) * 0.1)
+    module.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4", blocksize=64,
+                                      compress_statistics=nested)
+    return module.cuda().eval()
+
+
+def bits(t):
+    return t.view(torch.int16)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["plain-scales", "nested-scales"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_the_kernel_gives_bitsandbytes_bits_on_cuda_and_a_one_ulp_input_is_told_apart(n, k, dtype, nested):
+    pytest.importorskip("triton", reason="PyTorch's CUDA wheels bring triton")
+    generator = torch.Generator().manual_seed(n + k)
+    differ = apart = 0
+    seen = set()
+    for sample in range(4):
+        module = linear(n, k, dtype, nested, generator)
+        x = (torch.randn(1, 1, k, generator=generator) * 10.0 ** (sample - 2)).to("cuda", dtype)
+        with torch.no_grad():
+            theirs = module(x)
+        differ += int((bits(exact_nf4.nf4_gemv(x, [module])[0]) != bits(theirs)).sum())
+        seen.update(theirs.flatten().tolist())
+        nudged = x.clone()
+        bits(nudged).view(-1)[int(x.abs().argmax())] += 1
+        apart += int((bits(exact_nf4.nf4_gemv(nudged, [module])[0]) != bits(theirs)).sum())
+    assert differ == 0
+    assert apart > 0 and len(seen) > n  # the outputs vary, and one input one ulp up shows
+
+
+@pytest.mark.parametrize("sizes", [[2048, 512, 512], [10240, 10240]], ids=["q-k-v", "gate-up"])
+def test_siblings_joined_in_one_launch_give_each_layers_own_bits(sizes):
+    pytest.importorskip("triton", reason="PyTorch's CUDA wheels bring triton")
+    generator = torch.Generator().manual_seed(len(sizes))
+    modules = [linear(n, 2560, torch.bfloat16, False, generator) for n in sizes]
+    x = torch.randn(1, 1, 2560, generator=generator).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        theirs = [m(x) for m in modules]
+    for ours, eager in zip(exact_nf4.nf4_gemv(x, modules), theirs):
+        assert torch.equal(bits(ours), bits(eager))

@@ -1,0 +1,175 @@
+"""helpers.exact_nf4 on the CPU: the kernel against bitsandbytes' SIMT order (``gemv_eager``) in Triton's
+interpreter, that order against a plain sum, the layers it takes and the launches it joins.
+tests/gpu/test_exact_nf4_gpu.py checks the kernel against bitsandbytes' own on CUDA."""
+
+import importlib.util
+import re
+
+import pytest
+import torch
+from conftest import run_interpreted, sm90_ptx
+
+from helpers import decoding, exact_nf4
+
+bnb = pytest.importorskip("bitsandbytes")
+
+SHAPES = [(24, 2560), (10, 256), (9, 3072)]  # K of E4B's hidden size, its per-layer input, and one 1024-group and a half
+
+
+def nf4_linear(n: int, k: int, *, nested: bool = False, dtype=torch.bfloat16, seed: int = 0, bias: bool = False,
+               quant_type: str = "nf4"):
+    """A quantized ``Linear4bit`` on the CPU, never called (bitsandbytes repacks CPU weights on a first call)."""
+    generator = torch.Generator().manual_seed(seed)
+    module = bnb.nn.Linear4bit(k, n, bias=bias, compute_dtype=dtype, quant_type=quant_type, compress_statistics=nested)
+    weight = torch.randn(n, k, generator=generator) * (0.02 + torch.rand(n, 1, generator=generator) * 0.1)
+    module.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type=quant_type, blocksize=64,
+                                      compress_statistics=nested)
+    return module.to("cpu").eval()
+
+
+INTERPRETED = """
+import json, sys
+import torch
+sys.path.insert(0, "tests")
+from test_exact_nf4 import SHAPES, nf4_linear
+from helpers import exact_nf4
+
+def bits(t):
+    return t.view(torch.int16)
+
+found = {}
+for nested in (False, True):
+    for dtype in (torch.bfloat16, torch.float16):
+        for n, k in SHAPES:
+            layers = [nf4_linear(n + i, k, nested=nested, dtype=dtype, seed=i) for i in range(3)]
+            same = checked = apart = 0
+            for sample in range(3):
+                x = (torch.randn(1, 1, k, generator=torch.Generator().manual_seed(sample)) * 10.0 ** (sample - 1)).to(dtype)
+                joined = exact_nf4.nf4_gemv(x, layers)
+                alone = exact_nf4.nf4_gemv(x, layers[1:2])[0]
+                expected = [exact_nf4.gemv_eager(x, layer) for layer in layers]
+                for out, eager in [*zip(joined, expected), (alone, expected[1])]:
+                    same += int((bits(out) == bits(eager)).sum()); checked += out.numel()
+                nudged = x.clone()
+                bits(nudged).view(-1)[int(x.abs().argmax())] += 1  # the largest input one ulp up
+                apart += int((bits(exact_nf4.nf4_gemv(nudged, layers[:1])[0]) != bits(expected[0])).sum())
+            found[f"{nested} {dtype} {n}x{k}"] = [same, checked, apart]
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    """The kernel's outputs under TRITON_INTERPRET=1."""
+    return run_interpreted(INTERPRETED, missing="triton is not installed: the NF4 kernel is checked where it is (and "
+                                                "on the GPU)")
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["plain-scales", "nested-scales"])
+@pytest.mark.parametrize("dtype", ["torch.bfloat16", "torch.float16"])
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_the_kernel_sums_in_bitsandbytes_order_alone_and_joined_and_a_one_ulp_input_is_told_apart(interpreted, nested,
+                                                                                                 dtype, n, k):
+    same, checked, apart = interpreted[f"{nested} {dtype} {n}x{k}"]
+    assert same == checked == 3 * (4 * n + 4)  # three layers joined (n, n + 1, n + 2 rows) and one alone
+    assert apart > 0
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["plain-scales", "nested-scales"])
+def test_the_simt_order_is_the_dequantized_product_summed_in_another_order(nested):
+    """``gemv_eager`` computes W x (close to bitsandbytes' dequantized weight times x), and its order is not a plain
+    fp32 sum: some outputs differ in the last bits, which is what the kernel has to repeat."""
+    layer = nf4_linear(256, 3072, nested=nested)
+    x = torch.randn(1, 1, 3072, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    ours = exact_nf4.gemv_eager(x, layer).float().flatten()
+    dense = bnb.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state).float()
+    plain = (dense @ x.float().flatten()).to(torch.bfloat16).float()
+    assert float((ours - plain).norm() / plain.norm()) < 0.02  # each product rounded to bf16: close, not equal
+    assert 0 < int((ours != plain).sum()) < 256 and ours.unique().numel() > 200
+
+
+def test_layers_the_kernel_cannot_take_keep_their_own_forward():
+    assert exact_nf4.takes_kernel(nf4_linear(8, 256))
+    assert not exact_nf4.takes_kernel(nf4_linear(8, 256, bias=True))
+    assert not exact_nf4.takes_kernel(nf4_linear(8, 256, quant_type="fp4"))  # another centroid table
+    assert not exact_nf4.takes_kernel(torch.nn.Linear(256, 8))
+    training = nf4_linear(8, 256).train()
+    assert not exact_nf4.takes_kernel(training)
+    assert exact_nf4.can_join([nf4_linear(8, 256), nf4_linear(4, 256)])
+    assert not exact_nf4.can_join([nf4_linear(8, 256), nf4_linear(8, 512)])  # another K
+    assert not exact_nf4.can_join([nf4_linear(8, 256), nf4_linear(8, 256, nested=True)])
+    with pytest.raises(exact_nf4.InvalidChoiceError, match="one to three NF4"):
+        exact_nf4.nf4_gemv(torch.ones(1, 1, 256, dtype=torch.bfloat16), [nf4_linear(8, 256, bias=True)])
+    with pytest.raises(exact_nf4.InvalidChoiceError, match="one token of 256"):
+        exact_nf4.nf4_gemv(torch.ones(1, 2, 256, dtype=torch.bfloat16), [nf4_linear(8, 256)])
+
+
+def test_a_cpu_input_never_takes_the_kernel():
+    layer = nf4_linear(8, 256)
+    layer.compute_type_is_set = True
+    x = torch.ones(1, 1, 256, dtype=torch.bfloat16)
+    assert not exact_nf4.is_decode_input(x, [layer])
+    assert not exact_nf4.is_decode_input(x.float(), [layer])
+
+
+class Block(torch.nn.Module):
+    """An attention block's projections and an MLP's, as Gemma 4 calls them; a KV-shared block has no k or v."""
+
+    def __init__(self, shared: bool = False):
+        super().__init__()
+        self.q_proj = nf4_linear(16, 256, seed=1)
+        self.k_proj = None if shared else nf4_linear(8, 256, seed=2)
+        self.v_proj = None if shared else nf4_linear(8, 256, seed=3)
+        self.o_proj = nf4_linear(256, 128, seed=4)
+
+
+def test_siblings_reading_one_input_are_one_launch_and_a_shared_blocks_q_runs_alone():
+    model = torch.nn.ModuleDict({"a": Block(), "b": Block(shared=True)})
+    groups = exact_nf4.gemv_groups(model)
+    assert [model.a.q_proj, model.a.k_proj, model.a.v_proj] in groups
+    assert [model.b.q_proj] in groups and [model.a.o_proj] in groups and len(groups) == 4
+
+
+def test_a_sibling_takes_the_joined_output_only_for_the_very_input_it_was_made_from(monkeypatch):
+    """The first of a group runs the group and hands each sibling its part; a sibling called with another tensor
+    (equal values or not) computes its own."""
+    model = torch.nn.ModuleDict({"a": Block()})
+    launches = []
+
+    def gemv(x, modules):
+        launches.append(len(modules))
+        return [exact_nf4.gemv_eager(x, m) for m in modules]
+
+    monkeypatch.setattr(exact_nf4, "is_decode_input", lambda x, modules: x.numel() == x.shape[-1])
+    monkeypatch.setattr(exact_nf4, "nf4_gemv", gemv)
+    x = torch.randn(1, 1, 256).to(torch.bfloat16)
+    with exact_nf4.fuse_gemv(model) as joined:
+        block = model.a
+        q, k, v = block.q_proj(x), block.k_proj(x), block.v_proj(x.clone())
+        assert launches == [3, 1]
+        for out, layer in ((q, block.q_proj), (k, block.k_proj), (v, block.v_proj)):
+            assert torch.equal(out, exact_nf4.gemv_eager(x, layer))
+        assert not joined.handoff  # v's part was not taken, and is gone: nothing stale for the next step
+    assert "forward" not in vars(block.q_proj)
+
+
+def test_the_kernel_compiles_for_an_h100_with_no_fma_but_the_nested_scales_one():
+    """Compiled for sm_90 here, fusion allowed: every product is rounded to bf16 before the add that follows it, so
+    nothing contracts; nested scales keep bitsandbytes' one multiply-add."""
+    kernel = exact_nf4._kernel(False) if importlib.util.find_spec("triton") else None
+    signature = {"x_ptr": "*bf16", "out_ptr": "*bf16", "lut_ptr": "*fp32", "code_ptr": "*fp32"}
+    for i in range(3):
+        signature.update({f"words{i}": "*i32", f"scales{i}": "*fp32", f"nested{i}": "*u8", f"offset{i}": "*fp32"})
+    signature.update({"END0": "i32", "END1": "i32", "N_ALL": "i32"})
+    for nested, fmas in ((False, 0), (True, 1)):
+        constants = {"K": 2560, "BLOCK_LOG2": 6, "NESTED": nested, "IS_BF16": True, "ROWS": 8}
+        ptx = sm90_ptx(kernel, signature, constants, fusion=True)
+        found = re.findall(r"\bfma\.rn\.f32", ptx)
+        assert (len(found) > 0) == bool(fmas), (nested, len(found))
+
+
+def test_the_decoder_takes_the_joined_gemv_as_a_fusion():
+    settings = decoding.Decoder(host_free=True, fused_gemv=True)
+    assert "fused gemv" in settings.label()
+    with pytest.raises(decoding.InvalidChoiceError, match="fused_gemv"):
+        decoding.Decoder(compile="reduce-overhead", fused_gemv=True)

@@ -1,0 +1,155 @@
+"""Is helpers.exact_nf4 bit-identical to bitsandbytes' one-token NF4 matmul on this GPU, and how fast? Run where
+CUDA torch, triton and bitsandbytes are:
+
+    python tools/nf4_gemv_probe.py --out "$OUT"
+
+For each (N, K) an E4B decode step multiplies by (its projections, from the e4b-shape config), bf16 and fp16,
+plain and nested scales: ``--samples`` random weights and inputs spanning four orders of magnitude, each through
+the ``Linear4bit`` module (bitsandbytes' kernel) and through ``exact_nf4.nf4_gemv``, compared bit for bit; the
+control, the input with one element one ulp up, must be told apart. Then each shape, and each group one launch
+joins (q, k, v; gate, up), is captured 50 times in a CUDA graph and timed both ways, for each rows/warps choice.
+Writes ``nf4-gemv-probe.json`` into ``--out`` and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: helpers without an install
+
+import torch  # noqa: E402
+
+from helpers import exact_nf4  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parents[1] / "data" / "configs" / "gemma-4-E4B-it.config.json"
+CHOICES = [(4, 4), (8, 4), (16, 4), (8, 8), (16, 8), (32, 8)]  # (rows per program, warps)
+
+
+def decode_shapes() -> dict:
+    """name -> (N, K) of every NF4 projection an E4B decode step runs, and the groups one launch joins."""
+    c = json.loads(CONFIG.read_text())["text_config"]
+    h, i, per = c["hidden_size"], c["intermediate_size"], c["hidden_size_per_layer_input"]
+    heads, kv, d, d_full = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["global_head_dim"]
+    return {"q": (heads * d, h), "kv": (kv * d, h), "q-full": (heads * d_full, h), "kv-full": (kv * d_full, h),
+            "o": (h, heads * d), "o-full": (h, heads * d_full), "gate-up": (i, h), "down": (h, i),
+            "per-layer-gate": (per, h), "per-layer-projection": (h, per)}
+
+
+def linear(n: int, k: int, dtype, nested: bool, generator):
+    import bitsandbytes as bnb
+
+    module = bnb.nn.Linear4bit(k, n, bias=False, compute_dtype=dtype, quant_type="nf4", compress_statistics=nested)
+    weight = torch.randn(n, k, generator=generator) * (0.02 + torch.rand(n, 1, generator=generator) * 0.1)
+    module.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4", blocksize=64,
+                                      compress_statistics=nested)
+    return module.cuda().eval()
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16)
+
+
+def check(shapes: dict, samples: int) -> dict:
+    found = {}
+    for name, (n, k) in shapes.items():
+        for dtype in (torch.bfloat16, torch.float16):
+            for nested in (False, True):
+                key = f"{name} {n}x{k} {str(dtype)[6:]}{' nested' if nested else ''}"
+                try:
+                    generator = torch.Generator().manual_seed(n * 7 + k)
+                    differ = apart = distinct = 0
+                    for sample in range(samples):
+                        module = linear(n, k, dtype, nested, generator)
+                        x = (torch.randn(1, 1, k, generator=generator) * 10.0 ** (sample % 4 - 2)).to("cuda", dtype)
+                        with torch.no_grad():
+                            theirs = module(x)
+                        ours = exact_nf4.nf4_gemv(x, [module])[0]
+                        differ += int((bits(ours) != bits(theirs)).sum())
+                        distinct += int(torch.unique(theirs).numel())
+                        nudged = x.clone()
+                        top = int(x.abs().argmax())
+                        bits(nudged).view(-1)[top] += 1
+                        apart += int((bits(exact_nf4.nf4_gemv(nudged, [module])[0]) != bits(theirs)).sum())
+                    found[key] = {"outputs": samples * n, "differ": differ, "told_apart": apart, "distinct": distinct}
+                except Exception:
+                    found[key] = {"error": traceback.format_exc(limit=6)}
+    return found
+
+
+def graph_time(run, repeats: int = 50) -> float:
+    """Microseconds per call of ``run`` replayed from a CUDA graph of ``repeats`` calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            run()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (20 * repeats)
+
+
+def timings(shapes: dict) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    groups = {"q k v": ["q", "kv", "kv"], "q k v full": ["q-full", "kv-full", "kv-full"], "gate up": ["gate-up", "gate-up"],
+              **{name: [name] for name in shapes}}
+    found = {}
+    for label, names in groups.items():
+        try:
+            modules = [linear(*shapes[name], torch.bfloat16, False, generator) for name in names]
+            x = torch.randn(1, 1, shapes[names[0]][1], generator=generator).to("cuda", torch.bfloat16)
+
+            def theirs(modules=modules, x=x):
+                with torch.no_grad():
+                    for module in modules:
+                        module(x)
+
+            row = {"bitsandbytes_us": graph_time(theirs)}
+            for rows, warps in CHOICES:
+                exact_nf4.ROWS, exact_nf4.WARPS = rows, warps
+                row[f"rows{rows}-warps{warps}_us"] = graph_time(lambda modules=modules, x=x: exact_nf4.nf4_gemv(x, modules))
+            row["bytes"] = sum(m.weight.numel() + m.weight.quant_state.absmax.numel() * 4 for m in modules)
+            found[label] = row
+        except Exception:
+            found[label] = {"error": traceback.format_exc(limit=6)}
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--samples", type=int, default=8)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    shapes = decode_shapes()
+    record = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    import bitsandbytes
+    import triton
+
+    record.update(bitsandbytes=bitsandbytes.__version__, triton=triton.__version__)
+    record["bits"] = check(shapes, args.samples)
+    (args.out / "nf4-gemv-probe.json").write_text(json.dumps(record, indent=1))
+    record["timings"] = timings(shapes)
+    (args.out / "nf4-gemv-probe.json").write_text(json.dumps(record, indent=1))
+    for key, value in record["bits"].items():
+        print(key, value)
+    for key, value in record["timings"].items():
+        print(key, {k: (round(v, 2) if isinstance(v, float) else v) for k, v in value.items()})
+
+
+if __name__ == "__main__":
+    main()
