@@ -36,7 +36,8 @@ COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead")
 # eager: Dynamo traces the step (graph breaks show) but runs the same kernels, for the CPU;
 # cudagraphs: the eager step captured in a torch.cuda.CUDAGraph (no compiler; on a CPU the same static buffers,
 # run eagerly); reduce-overhead: Inductor's fused kernels in CUDA graphs
-FUSIONS = ("fused_norms", "fused_rotary", "fused_layers", "fused_activations", "fused_gemv")  # the Decoder settings that swap in exact kernels
+# the Decoder settings that swap in exact kernels
+FUSIONS = ("fused_norms", "fused_rotary", "fused_layers", "fused_activations", "fused_gemv")
 
 PLE_OPTIONS = {
     "host lookup per token (this module)":
