@@ -30,36 +30,56 @@ from .errors import InvalidChoiceError, require_model
 GROUP = 1024  # K elements a warp takes per step: 32 lanes x 32 weights (NUM_VAL, K_STRIDE in gemm_4bit_simt.cu)
 LANES = 32
 NESTED_BLOCK = 256  # bitsandbytes' gemm_4bit takes nested scales only with state2.blocksize 256
-ROWS = 8  # output rows per program (tools/nf4_gemv_probe.py times the choices; the bits are the same for any)
-WARPS = 4
+# rows per program, warps, and the tile's layout: tools/nf4_gemv_probe.py times the choices (the bits are the same)
+ROWS, WARPS, LANES_FIRST = 32, 4, True
 
 tl = None  # triton.language, bound by _kernel() on first use (the kernel's source names it)
 _to_bf16 = None
 
 
-def _round_to(v, IS_BF16: tl.constexpr):
-    """fp32 -> the nearest bf16 or fp16 (ties to even), kept in fp32."""
+def _round_to(v, IS_BF16: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp32 -> the nearest bf16 or fp16 (ties to even), kept in fp32 (the interpreter's bf16 cast truncates, so
+    there the bits are rounded by hand)."""
     if IS_BF16:
-        return _to_bf16(v)
+        if INTERPRET:
+            return _to_bf16(v)
+        return v.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
     return v.to(tl.float16, fp_downcast_rounding="rtne").to(tl.float32)
+
+
+def _halves(pair, IS_BF16: tl.constexpr):
+    """Two 16-bit floats packed in an int32 (the lower K index in the low half) -> (lower, higher) in fp32."""
+    if IS_BF16:
+        return (pair << 16).to(tl.float32, bitcast=True), (pair & -65536).to(tl.float32, bitcast=True)
+    low = (pair & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    high = ((pair >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return low, high
 
 
 def _gemv_kernel(x_ptr, out_ptr, lut_ptr, code_ptr, words0, scales0, nested0, offset0, words1, scales1, nested1,
                  offset1, words2, scales2, nested2, offset2, END0, END1, N_ALL, K: tl.constexpr,
-                 BLOCK_LOG2: tl.constexpr, NESTED: tl.constexpr, IS_BF16: tl.constexpr, ROWS: tl.constexpr):
+                 BLOCK_LOG2: tl.constexpr, NESTED: tl.constexpr, IS_BF16: tl.constexpr, ROWS: tl.constexpr,
+                 LANES_FIRST: tl.constexpr, INTERPRET: tl.constexpr):
     """Rows [0, N_ALL) of up to three weights stacked (weight i holds rows [END(i-1), END(i))): out[row] = the row
-    times x, summed as bitsandbytes' SIMT kernel sums (module docstring). Masked lanes add nothing, as its idle
-    lanes do."""
-    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
-    lane = tl.arange(0, 32)[None, :]  # [1, 32]
+    times x (``x_ptr``: its values in int32 pairs), summed as bitsandbytes' SIMT kernel sums (module docstring).
+    Masked lanes add nothing, as its idle lanes do. ``LANES_FIRST`` lays the tile out [lane, row], so a warp's
+    threads hold rows and read each x pair once for all of them; otherwise [row, lane], as bitsandbytes does."""
+    base = tl.program_id(0) * ROWS
+    if LANES_FIRST:
+        row = base + tl.arange(0, ROWS)[None, :]
+        lane = tl.arange(0, 32)[:, None]
+        acc = tl.zeros([32, ROWS], dtype=tl.float32)
+    else:
+        row = base + tl.arange(0, ROWS)[:, None]
+        lane = tl.arange(0, 32)[None, :]
+        acc = tl.zeros([ROWS, 32], dtype=tl.float32)
     first, second = row < END0, row < END1
     words = tl.where(first, words0, tl.where(second, words1, words2))  # int32 pointer per row
     scales = tl.where(first, scales0, tl.where(second, scales1, scales2))
     local = tl.where(first, row, tl.where(second, row - END0, row - END1))  # the row inside its own weight
     live_row = row < N_ALL
-    acc = tl.zeros([ROWS, 32], dtype=tl.float32)
     for group in tl.static_range((K + 1023) // 1024):
-        inner = group * 1024 + lane * 32  # this lane's first K index, [1, 32]
+        inner = group * 1024 + lane * 32  # this lane's first K index
         on = live_row & (inner < K)
         block = local * (K >> BLOCK_LOG2) + (inner >> BLOCK_LOG2)
         if NESTED:
@@ -70,25 +90,34 @@ def _gemv_kernel(x_ptr, out_ptr, lut_ptr, code_ptr, words0, scales0, nested0, of
                                                                                    other=0.0), offset)
         else:
             scale = tl.load(scales + block, mask=on, other=0.0)
-        scale = _round_to(scale, IS_BF16)
+        scale = _round_to(scale, IS_BF16, INTERPRET)
         a_on = inner < K
         for w in tl.static_range(4):  # the lane's 16 bytes as four little-endian words
             word = tl.load(words + local * (K // 8) + inner // 8 + w, mask=on, other=0)
             for s in tl.static_range(4):
                 byte = (word >> (8 * s)) & 0xFF
-                k = inner + 2 * (4 * w + s)  # the high nibble is the lower K index
-                low = _round_to(_round_to(tl.load(lut_ptr + (byte >> 4)) * scale, IS_BF16)
-                                * tl.load(x_ptr + k, mask=a_on, other=0.0).to(tl.float32), IS_BF16)
-                high = _round_to(_round_to(tl.load(lut_ptr + (byte & 0xF)) * scale, IS_BF16)
-                                 * tl.load(x_ptr + k + 1, mask=a_on, other=0.0).to(tl.float32), IS_BF16)
+                a_low, a_high = _halves(tl.load(x_ptr + inner // 2 + 4 * w + s, mask=a_on, other=0), IS_BF16)
+                low = _round_to(_round_to(tl.load(lut_ptr + (byte >> 4)) * scale, IS_BF16, INTERPRET) * a_low,
+                                IS_BF16, INTERPRET)  # the high nibble is the lower K index
+                high = _round_to(_round_to(tl.load(lut_ptr + (byte & 0xF)) * scale, IS_BF16, INTERPRET) * a_high,
+                                 IS_BF16, INTERPRET)
                 acc += tl.where(on, low + high, 0.0)
-    total = tl.sum(tl.reshape(acc, [ROWS, 2, 16]), axis=1)  # lane i + lane i+16, then 8, 4, 2, 1: __shfl_down's tree
-    total = tl.sum(tl.reshape(total, [ROWS, 2, 8]), axis=1)
-    total = tl.sum(tl.reshape(total, [ROWS, 2, 4]), axis=1)
-    total = tl.sum(tl.reshape(total, [ROWS, 2, 2]), axis=1)
-    total = tl.sum(total, axis=1)  # [ROWS]
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    tl.store(out_ptr + rows, _round_to(total + 0.0, IS_BF16).to(out_ptr.dtype.element_ty), mask=rows < N_ALL)
+    # lane i + lane i+16, then 8, 4, 2, 1: __shfl_down's tree
+    if LANES_FIRST:
+        total = tl.sum(tl.reshape(acc, [2, 16, ROWS]), axis=0)
+        total = tl.sum(tl.reshape(total, [2, 8, ROWS]), axis=0)
+        total = tl.sum(tl.reshape(total, [2, 4, ROWS]), axis=0)
+        total = tl.sum(tl.reshape(total, [2, 2, ROWS]), axis=0)
+        total = tl.sum(total, axis=0)  # [ROWS]
+    else:
+        total = tl.sum(tl.reshape(acc, [ROWS, 2, 16]), axis=1)
+        total = tl.sum(tl.reshape(total, [ROWS, 2, 8]), axis=1)
+        total = tl.sum(tl.reshape(total, [ROWS, 2, 4]), axis=1)
+        total = tl.sum(tl.reshape(total, [ROWS, 2, 2]), axis=1)
+        total = tl.sum(total, axis=1)
+    rows = base + tl.arange(0, ROWS)
+    tl.store(out_ptr + rows, _round_to(total + 0.0, IS_BF16, INTERPRET).to(out_ptr.dtype.element_ty),
+             mask=rows < N_ALL)
 
 
 @functools.lru_cache(maxsize=2)
@@ -100,6 +129,7 @@ def _kernel(interpret: bool):
     globals()["_to_bf16"] = exact_norm.jit_helpers()["_to_bf16"]
     tl = exact_norm.tl
     globals()["_round_to"] = triton.jit(_round_to)
+    globals()["_halves"] = triton.jit(_halves)
     return triton.jit(_gemv_kernel)
 
 
@@ -117,6 +147,8 @@ def takes_kernel(module) -> bool:
     if type(module).__name__ not in ("Linear4bit", "LinearNF4") or state is None or module.training:
         return False
     if getattr(module, "bias", None) is not None or state.quant_type != "nf4" or len(state.shape) != 2:
+        return False
+    if getattr(state, "packing_format_for_cpu", False):  # repacked for bitsandbytes' CPU kernel: another layout
         return False
     n, k = (int(d) for d in state.shape)
     blocksize = int(state.blocksize)
@@ -257,9 +289,9 @@ def nf4_gemv(x: torch.Tensor, modules: list) -> list:
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     total = sum(sizes)
     _kernel(interpret)[(-(-total // ROWS),)](
-        x, out, held[0].lut(x.dtype), held[0].code if nested else held[0].scales, *arguments, ends[0], ends[1], total,
+        x.view(torch.int32), out, held[0].lut(x.dtype), held[0].code if nested else held[0].scales, *arguments, ends[0], ends[1], total,
         K=held[0].k, BLOCK_LOG2=held[0].blocksize.bit_length() - 1, NESTED=nested, IS_BF16=x.dtype == torch.bfloat16,
-        ROWS=ROWS, num_warps=WARPS, enable_fp_fusion=False)
+        ROWS=ROWS, LANES_FIRST=LANES_FIRST, INTERPRET=interpret, num_warps=WARPS, enable_fp_fusion=False)
     shape = x.shape[:-1]
     return [part.reshape(*shape, n) for part, n in zip(out.split(sizes), sizes)]
 

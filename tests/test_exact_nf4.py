@@ -157,12 +157,13 @@ def test_the_kernel_compiles_for_an_h100_with_no_fma_but_the_nested_scales_one()
     """Compiled for sm_90 here, fusion allowed: every product is rounded to bf16 before the add that follows it, so
     nothing contracts; nested scales keep bitsandbytes' one multiply-add."""
     kernel = exact_nf4._kernel(False) if importlib.util.find_spec("triton") else None
-    signature = {"x_ptr": "*bf16", "out_ptr": "*bf16", "lut_ptr": "*fp32", "code_ptr": "*fp32"}
+    signature = {"x_ptr": "*i32", "out_ptr": "*bf16", "lut_ptr": "*fp32", "code_ptr": "*fp32"}
     for i in range(3):
         signature.update({f"words{i}": "*i32", f"scales{i}": "*fp32", f"nested{i}": "*u8", f"offset{i}": "*fp32"})
     signature.update({"END0": "i32", "END1": "i32", "N_ALL": "i32"})
     for nested, fmas in ((False, 0), (True, 1)):
-        constants = {"K": 2560, "BLOCK_LOG2": 6, "NESTED": nested, "IS_BF16": True, "ROWS": 8}
+        constants = {"K": 2560, "BLOCK_LOG2": 6, "NESTED": nested, "IS_BF16": True, "ROWS": 32, "LANES_FIRST": True,
+                     "INTERPRET": False}
         ptx = sm90_ptx(kernel, signature, constants, fusion=True)
         found = re.findall(r"\bfma\.rn\.f32", ptx)
         assert (len(found) > 0) == bool(fmas), (nested, len(found))

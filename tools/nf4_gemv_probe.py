@@ -26,7 +26,8 @@ import torch  # noqa: E402
 from helpers import exact_nf4  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "data" / "configs" / "gemma-4-E4B-it.config.json"
-CHOICES = [(4, 4), (8, 4), (16, 4), (8, 8), (16, 8), (32, 8)]  # (rows per program, warps)
+# (rows per program, warps, lanes first)
+CHOICES = [(4, 4, False), (8, 4, False), (16, 8, False), (32, 4, True), (64, 4, True), (64, 8, True), (128, 8, True)]
 
 
 def decode_shapes() -> dict:
@@ -118,10 +119,15 @@ def timings(shapes: dict) -> dict:
                     for module in modules:
                         module(x)
 
-            row = {"bitsandbytes_us": graph_time(theirs)}
-            for rows, warps in CHOICES:
-                exact_nf4.ROWS, exact_nf4.WARPS = rows, warps
-                row[f"rows{rows}-warps{warps}_us"] = graph_time(lambda modules=modules, x=x: exact_nf4.nf4_gemv(x, modules))
+            with torch.no_grad():
+                expected = torch.cat([module(x).flatten() for module in modules])
+            row = {"bitsandbytes_us": graph_time(theirs), "differ": {}}
+            for rows, warps, lanes_first in CHOICES:
+                exact_nf4.ROWS, exact_nf4.WARPS, exact_nf4.LANES_FIRST = rows, warps, lanes_first
+                label = f"rows{rows}-warps{warps}{'-lanes' if lanes_first else ''}"
+                ours = torch.cat([out.flatten() for out in exact_nf4.nf4_gemv(x, modules)])
+                row["differ"][label] = int((bits(ours) != bits(expected)).sum())
+                row[f"{label}_us"] = graph_time(lambda modules=modules, x=x: exact_nf4.nf4_gemv(x, modules))
             row["bytes"] = sum(m.weight.numel() + m.weight.quant_state.absmax.numel() * 4 for m in modules)
             found[label] = row
         except Exception:
