@@ -610,6 +610,7 @@ TABLES = {"ple-offload": (_ple_offload, GPU_TIER_DIR), "decode-by-route": (_deco
           "decode-host-free": (lambda directory: _decode_speed(directory, "decode-host-free"), MEASUREMENTS_DIR),
           "decode-fused-norms": (lambda directory: _decode_speed(directory, "decode-fused-norms"), MEASUREMENTS_DIR),
           "decode-fused": (lambda directory: _decode_speed(directory, "decode-fused", "cudagraphs"), MEASUREMENTS_DIR),
+          "decode-gemv": (lambda directory: _decode_speed(directory, "decode-gemv", "cudagraphs"), MEASUREMENTS_DIR),
           "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
           "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR), "gguf-route": (_gguf_route, GGUF_DIR),
           "route-comparison": (_route_comparison, GGUF_DIR), "cited-route-comparison": (_cited_route_comparison, GGUF_DIR),
