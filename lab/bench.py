@@ -220,16 +220,14 @@ def presets() -> dict:
                          _decode(name="host-free-fused-all-nudged", decode="host-free-fused-all",
                                  route="ple-cpu-nudged", reference="generate-static", control=True)],
         # the fused-all step with each NF4 projection in bitsandbytes' order (helpers.exact_nf4) beside today's
-        # CUDA-graph step in one run, with its control; then under the 8 GB cap and on bf16 (no NF4 layer to swap)
+        # CUDA-graph step in one run, with its control; then under the 8 GB cap (bf16 has no NF4 layer to swap)
         "decode-gemv": [_decode(name="generate-static", decode="generate-static"),
                         _decode(name="cudagraphs", decode="cudagraphs", reference="generate-static", profile=True),
-                        _decode(name="host-free-fused-all", decode="host-free-fused-all", reference="generate-static",
-                                profile=True),
                         _decode(name="host-free-fused-gemv", decode="host-free-fused-gemv", reference="generate-static",
                                 profile=True),
                         _decode(name="host-free-fused-gemv-nudged", decode="host-free-fused-gemv",
-                                route="ple-cpu-nudged", reference="generate-static", control=True),
-                        _decode(name="host-free-fused-gemv-8gb", decode="host-free-fused-gemv", card_gb=8)],
+                                route="ple-cpu-nudged", reference="generate-static", control=True)],
+        "decode-gemv-8gb": [_decode(name="host-free-fused-gemv-8gb", decode="host-free-fused-gemv", card_gb=8)],
         "decode-host-free-more": [_decode(name="host-free-8gb", decode="host-free", card_gb=8),
                                   _decode(name="host-free-bf16", decode="host-free", quant="bf16"),
                                   _decode(name="host-free-fused-all-8gb", decode="host-free-fused-all", card_gb=8),
