@@ -31,7 +31,7 @@ GROUP = 1024  # K elements a warp takes per step: 32 lanes x 32 weights (NUM_VAL
 LANES = 32
 NESTED_BLOCK = 256  # bitsandbytes' gemm_4bit takes nested scales only with state2.blocksize 256
 # rows per program, warps, and the tile's layout: tools/nf4_gemv_probe.py times the choices (the bits are the same)
-ROWS, WARPS, LANES_FIRST = 32, 4, True
+ROWS, WARPS, LANES_FIRST, PACKED = 32, 4, True, True
 
 tl = None  # triton.language, bound by _kernel() on first use (the kernel's source names it)
 _to_bf16 = None
@@ -56,14 +56,32 @@ def _halves(pair, IS_BF16: tl.constexpr):
     return low, high
 
 
-def _gemv_kernel(x_ptr, out_ptr, lut_ptr, code_ptr, words0, scales0, nested0, offset0, words1, scales1, nested1,
+def _bits16(v, IS_BF16: tl.constexpr):
+    """fp32 -> the 16 bits of the nearest bf16 or fp16 (ties to even), in the low half of an int32."""
+    if IS_BF16:
+        return v.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return v.to(tl.float16, fp_downcast_rounding="rtne").to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+def _mul2(a, b, IS_BF16: tl.constexpr):
+    """Two packed 16-bit products, each rounded to nearest even, as bitsandbytes' __hmul2: bf16 as an fma with -0
+    (sm_80 and later have no bf16x2 mul before sm_90), fp16 as mul.rn.f16x2."""
+    if IS_BF16:
+        return tl.inline_asm_elementwise("fma.rn.bf16x2 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.full(a.shape, -2147450880, tl.int32)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1)
+
+
+def _gemv_kernel(x_ptr, out_ptr, lut_ptr, lut_bits_ptr, code_ptr, words0, scales0, nested0, offset0, words1, scales1, nested1,
                  offset1, words2, scales2, nested2, offset2, END0, END1, N_ALL, K: tl.constexpr,
                  BLOCK_LOG2: tl.constexpr, NESTED: tl.constexpr, IS_BF16: tl.constexpr, ROWS: tl.constexpr,
-                 LANES_FIRST: tl.constexpr, INTERPRET: tl.constexpr):
+                 LANES_FIRST: tl.constexpr, PACKED: tl.constexpr, INTERPRET: tl.constexpr):
     """Rows [0, N_ALL) of up to three weights stacked (weight i holds rows [END(i-1), END(i))): out[row] = the row
     times x (``x_ptr``: its values in int32 pairs), summed as bitsandbytes' SIMT kernel sums (module docstring).
     Masked lanes add nothing, as its idle lanes do. ``LANES_FIRST`` lays the tile out [lane, row], so a warp's
-    threads hold rows and read each x pair once for all of them; otherwise [row, lane], as bitsandbytes does."""
+    threads hold rows and read each x pair once for all of them; otherwise [row, lane], as bitsandbytes does.
+    ``PACKED``: each byte's two weights and products as one packed bf16x2 / f16x2 operation, as bitsandbytes
+    computes them (the same roundings; not in the interpreter, which has no inline PTX)."""
     base = tl.program_id(0) * ROWS
     if LANES_FIRST:
         row = base + tl.arange(0, ROWS)[None, :]
@@ -91,16 +109,24 @@ def _gemv_kernel(x_ptr, out_ptr, lut_ptr, code_ptr, words0, scales0, nested0, of
         else:
             scale = tl.load(scales + block, mask=on, other=0.0)
         scale = _round_to(scale, IS_BF16, INTERPRET)
+        if PACKED:
+            scale_bits = _bits16(scale, IS_BF16)
+            scale2 = scale_bits | (scale_bits << 16)
         a_on = inner < K
         for w in tl.static_range(4):  # the lane's 16 bytes as four little-endian words
             word = tl.load(words + local * (K // 8) + inner // 8 + w, mask=on, other=0)
             for s in tl.static_range(4):
                 byte = (word >> (8 * s)) & 0xFF
-                a_low, a_high = _halves(tl.load(x_ptr + inner // 2 + 4 * w + s, mask=a_on, other=0), IS_BF16)
-                low = _round_to(_round_to(tl.load(lut_ptr + (byte >> 4)) * scale, IS_BF16, INTERPRET) * a_low,
-                                IS_BF16, INTERPRET)  # the high nibble is the lower K index
-                high = _round_to(_round_to(tl.load(lut_ptr + (byte & 0xF)) * scale, IS_BF16, INTERPRET) * a_high,
-                                 IS_BF16, INTERPRET)
+                x_pair = tl.load(x_ptr + inner // 2 + 4 * w + s, mask=a_on, other=0)
+                if PACKED:  # the high nibble is the lower K index: the pair's low half, as x's
+                    weights = tl.load(lut_bits_ptr + (byte >> 4)) | (tl.load(lut_bits_ptr + (byte & 0xF)) << 16)
+                    low, high = _halves(_mul2(_mul2(weights, scale2, IS_BF16), x_pair, IS_BF16), IS_BF16)
+                else:
+                    a_low, a_high = _halves(x_pair, IS_BF16)
+                    low = _round_to(_round_to(tl.load(lut_ptr + (byte >> 4)) * scale, IS_BF16, INTERPRET) * a_low,
+                                    IS_BF16, INTERPRET)
+                    high = _round_to(_round_to(tl.load(lut_ptr + (byte & 0xF)) * scale, IS_BF16, INTERPRET) * a_high,
+                                     IS_BF16, INTERPRET)
                 acc += tl.where(on, low + high, 0.0)
     # lane i + lane i+16, then 8, 4, 2, 1: __shfl_down's tree
     if LANES_FIRST:
@@ -130,6 +156,8 @@ def _kernel(interpret: bool):
     tl = exact_norm.tl
     globals()["_round_to"] = triton.jit(_round_to)
     globals()["_halves"] = triton.jit(_halves)
+    globals()["_bits16"] = triton.jit(_bits16)
+    globals()["_mul2"] = triton.jit(_mul2)
     return triton.jit(_gemv_kernel)
 
 
@@ -193,6 +221,11 @@ def _lut(state, dtype: torch.dtype) -> torch.Tensor:
     return state.code.float().to(dtype).float().contiguous()
 
 
+def _lut_bits(state, dtype: torch.dtype) -> torch.Tensor:
+    """The same centroids' 16 bits, each in the low half of an int32."""
+    return (state.code.float().to(dtype).view(torch.int16).to(torch.int32) & 0xFFFF).contiguous()
+
+
 def gemv_eager(x: torch.Tensor, module) -> torch.Tensor:
     """``module(x)`` for one token, summed in the order of bitsandbytes' SIMT kernel with torch ops: the reference
     the kernel is held to. ``x``: [..., K] with one row, in the layer's compute dtype."""
@@ -243,7 +276,7 @@ class _Weights:
 
     def lut(self, dtype):
         if dtype not in self.luts:
-            self.luts[dtype] = _lut(self.state, dtype)
+            self.luts[dtype] = _lut(self.state, dtype), _lut_bits(self.state, dtype)
         return self.luts[dtype]
 
 
@@ -265,6 +298,13 @@ def can_join(modules: list) -> bool:
     return all(int(s.shape[1]) == int(first.shape[1]) and int(s.blocksize) == int(first.blocksize)
                and bool(s.nested) == bool(first.nested) and torch.equal(s.code.cpu(), first.code.cpu())
                for s in states)
+
+
+def packs(x: torch.Tensor) -> bool:
+    """Whether the kernel multiplies packed pairs for ``x``: ``PACKED`` set, and fp16, or bf16 on sm_80 or later."""
+    if not PACKED or x.device.type != "cuda":
+        return False
+    return x.dtype == torch.float16 or torch.cuda.get_device_capability(x.device) >= (8, 0)
 
 
 def nf4_gemv(x: torch.Tensor, modules: list) -> list:
@@ -289,9 +329,9 @@ def nf4_gemv(x: torch.Tensor, modules: list) -> list:
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     total = sum(sizes)
     _kernel(interpret)[(-(-total // ROWS),)](
-        x.view(torch.int32), out, held[0].lut(x.dtype), held[0].code if nested else held[0].scales, *arguments, ends[0], ends[1], total,
+        x.view(torch.int32), out, *held[0].lut(x.dtype), held[0].code if nested else held[0].scales, *arguments, ends[0], ends[1], total,
         K=held[0].k, BLOCK_LOG2=held[0].blocksize.bit_length() - 1, NESTED=nested, IS_BF16=x.dtype == torch.bfloat16,
-        ROWS=ROWS, LANES_FIRST=LANES_FIRST, INTERPRET=interpret, num_warps=WARPS, enable_fp_fusion=False)
+        ROWS=ROWS, LANES_FIRST=LANES_FIRST, PACKED=packs(x) and not interpret, INTERPRET=interpret, num_warps=WARPS, enable_fp_fusion=False)
     shape = x.shape[:-1]
     return [part.reshape(*shape, n) for part, n in zip(out.split(sizes), sizes)]
 

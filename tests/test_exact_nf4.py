@@ -157,16 +157,17 @@ def test_the_kernel_compiles_for_an_h100_with_no_fma_but_the_nested_scales_one()
     """Compiled for sm_90 here, fusion allowed: every product is rounded to bf16 before the add that follows it, so
     nothing contracts; nested scales keep bitsandbytes' one multiply-add."""
     kernel = exact_nf4._kernel(False) if importlib.util.find_spec("triton") else None
-    signature = {"x_ptr": "*i32", "out_ptr": "*bf16", "lut_ptr": "*fp32", "code_ptr": "*fp32"}
+    signature = {"x_ptr": "*i32", "out_ptr": "*bf16", "lut_ptr": "*fp32", "lut_bits_ptr": "*i32", "code_ptr": "*fp32"}
     for i in range(3):
         signature.update({f"words{i}": "*i32", f"scales{i}": "*fp32", f"nested{i}": "*u8", f"offset{i}": "*fp32"})
     signature.update({"END0": "i32", "END1": "i32", "N_ALL": "i32"})
-    for nested, fmas in ((False, 0), (True, 1)):
+    for nested, packed in ((False, False), (True, False), (False, True)):
         constants = {"K": 2560, "BLOCK_LOG2": 6, "NESTED": nested, "IS_BF16": True, "ROWS": 32, "LANES_FIRST": True,
-                     "INTERPRET": False}
+                     "PACKED": packed, "INTERPRET": False}
         ptx = sm90_ptx(kernel, signature, constants, fusion=True)
-        found = re.findall(r"\bfma\.rn\.f32", ptx)
-        assert (len(found) > 0) == bool(fmas), (nested, len(found))
+        assert bool(re.findall(r"\bfma\.rn\.f32", ptx)) == nested, (nested, packed)
+        # packed: two bf16x2 products per byte, each one rounding (an fma with -0); otherwise cvt.rn to bf16
+        assert bool(re.findall(r"\bfma\.rn\.bf16x2", ptx)) == packed and re.findall(r"cvt\.rn\.bf16", ptx)
 
 
 def test_the_decoder_takes_the_joined_gemv_as_a_fusion():

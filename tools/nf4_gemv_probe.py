@@ -26,8 +26,9 @@ import torch  # noqa: E402
 from helpers import exact_nf4  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "data" / "configs" / "gemma-4-E4B-it.config.json"
-# (rows per program, warps, lanes first)
-CHOICES = [(4, 4, False), (8, 4, False), (16, 8, False), (32, 4, True), (64, 4, True), (64, 8, True), (128, 8, True)]
+# (rows per program, warps, lanes first, packed)
+CHOICES = [(8, 4, False, False), (8, 4, False, True), (32, 4, True, False), (32, 4, True, True), (64, 4, True, True),
+           (64, 8, True, True), (128, 8, True, True), (16, 4, True, True)]
 
 
 def decode_shapes() -> dict:
@@ -105,6 +106,7 @@ def graph_time(run, repeats: int = 50) -> float:
 
 
 def timings(shapes: dict) -> dict:
+    defaults = exact_nf4.ROWS, exact_nf4.WARPS, exact_nf4.LANES_FIRST, exact_nf4.PACKED
     generator = torch.Generator().manual_seed(0)
     groups = {"q k v": ["q", "kv", "kv"], "q k v full": ["q-full", "kv-full", "kv-full"], "gate up": ["gate-up", "gate-up"],
               **{name: [name] for name in shapes}}
@@ -122,14 +124,15 @@ def timings(shapes: dict) -> dict:
             with torch.no_grad():
                 expected = torch.cat([module(x).flatten() for module in modules])
             row = {"bitsandbytes_us": graph_time(theirs), "differ": {}}
-            for rows, warps, lanes_first in CHOICES:
-                exact_nf4.ROWS, exact_nf4.WARPS, exact_nf4.LANES_FIRST = rows, warps, lanes_first
-                label = f"rows{rows}-warps{warps}{'-lanes' if lanes_first else ''}"
+            for rows, warps, lanes_first, packed in CHOICES:
+                exact_nf4.ROWS, exact_nf4.WARPS, exact_nf4.LANES_FIRST, exact_nf4.PACKED = rows, warps, lanes_first, packed
+                label = f"rows{rows}-warps{warps}{'-lanes' if lanes_first else ''}{'-packed' if packed else ''}"
                 ours = torch.cat([out.flatten() for out in exact_nf4.nf4_gemv(x, modules)])
                 row["differ"][label] = int((bits(ours) != bits(expected)).sum())
                 row[f"{label}_us"] = graph_time(lambda modules=modules, x=x: exact_nf4.nf4_gemv(x, modules))
             row["bytes"] = sum(m.weight.numel() + m.weight.quant_state.absmax.numel() * 4 for m in modules)
             found[label] = row
+            exact_nf4.ROWS, exact_nf4.WARPS, exact_nf4.LANES_FIRST, exact_nf4.PACKED = defaults
         except Exception:
             found[label] = {"error": traceback.format_exc(limit=6)}
     return found
