@@ -105,13 +105,15 @@ def graph_time(run, repeats: int = 50) -> float:
     return start.elapsed_time(end) * 1000 / (20 * repeats)
 
 
-def timings(shapes: dict) -> dict:
+def timings(shapes: dict, only: tuple | None = None) -> dict:
     defaults = exact_nf4.ROWS, exact_nf4.WARPS, exact_nf4.LANES_FIRST, exact_nf4.PACKED
     generator = torch.Generator().manual_seed(0)
     groups = {"q k v": ["q", "kv", "kv"], "q k v full": ["q-full", "kv-full", "kv-full"], "gate up": ["gate-up", "gate-up"],
               **{name: [name] for name in shapes}}
     found = {}
     for label, names in groups.items():
+        if only and label not in only:
+            continue
         try:
             modules = [linear(*shapes[name], torch.bfloat16, False, generator) for name in names]
             x = torch.randn(1, 1, shapes[names[0]][1], generator=generator).to("cuda", torch.bfloat16)
@@ -142,6 +144,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="time the joined groups and the down projection only, "
+                        "no bit check (tests/gpu/test_exact_nf4_gpu.py has one)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = decode_shapes()
@@ -150,9 +154,9 @@ def main() -> None:
     import triton
 
     record.update(bitsandbytes=bitsandbytes.__version__, triton=triton.__version__)
-    record["bits"] = check(shapes, args.samples)
+    record["bits"] = {} if args.quick else check(shapes, args.samples)
     (args.out / "nf4-gemv-probe.json").write_text(json.dumps(record, indent=1))
-    record["timings"] = timings(shapes)
+    record["timings"] = timings(shapes, ("q k v", "gate up", "down", "o") if args.quick else None)
     (args.out / "nf4-gemv-probe.json").write_text(json.dumps(record, indent=1))
     for key, value in record["bits"].items():
         print(key, value)
