@@ -140,6 +140,36 @@ def timings(shapes: dict, only: tuple | None = None) -> dict:
     return found
 
 
+FIXTURE = {"n": 64, "k": 3072, "seed": 31}  # one and a half 1024-groups: the idle lanes of the last group too
+
+
+def fixture_layer(dtype, nested: bool, device: str):
+    """The fixture's layer, quantized on the CPU (the same bytes on any machine), then moved to ``device``."""
+    import bitsandbytes as bnb
+
+    generator = torch.Generator().manual_seed(FIXTURE["seed"])
+    n, k = FIXTURE["n"], FIXTURE["k"]
+    module = bnb.nn.Linear4bit(k, n, bias=False, compute_dtype=dtype, quant_type="nf4", compress_statistics=nested)
+    weight = torch.randn(n, k, generator=generator) * (0.02 + torch.rand(n, 1, generator=generator) * 0.1)
+    module.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4", blocksize=64,
+                                      compress_statistics=nested)
+    module = module.to("cpu")
+    x = (torch.randn(1, 1, k, generator=generator) * 3).to(dtype)
+    return module.to(device).eval(), x.to(device)
+
+
+def fixture() -> dict:
+    """bitsandbytes' CUDA outputs for the fixture's layer and input, as int16 bits, per dtype and nesting: test
+    data for the CPU tests' check of ``exact_nf4.gemv_eager``."""
+    found = {**FIXTURE, "gpu": torch.cuda.get_device_name()}
+    for dtype in (torch.bfloat16, torch.float16):
+        for nested in (False, True):
+            module, x = fixture_layer(dtype, nested, "cuda")
+            with torch.no_grad():
+                found[f"{str(dtype)[6:]}{'-nested' if nested else ''}"] = bits(module(x)).flatten().tolist()
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -154,6 +184,9 @@ def main() -> None:
     import triton
 
     record.update(bitsandbytes=bitsandbytes.__version__, triton=triton.__version__)
+    import bitsandbytes as _bnb
+
+    (args.out / "nf4-gemv-fixture.json").write_text(json.dumps({**fixture(), "bitsandbytes": _bnb.__version__}))
     record["bits"] = {} if args.quick else check(shapes, args.samples)
     (args.out / "nf4-gemv-probe.json").write_text(json.dumps(record, indent=1))
     record["timings"] = timings(shapes, ("q k v", "gate up", "down", "o") if args.quick else None)
