@@ -14,7 +14,9 @@ here run in exactly that order, so the result is the same to the bit:
   own forward for anything else; the q, k and v projections of an attention block, and the gate and up
   projections of an MLP, run as one launch. ``.installed()`` / ``.restore()`` as ``exact_norm.SwappedForwards``.
 
-tests/gpu/test_exact_nf4_gpu.py checks the bits against bitsandbytes on a GPU beside a one-ulp control.
+The order is bitsandbytes 0.50's (``SUMMED_AS``): ``fuse_gemv`` refuses another release rather than guess. Its
+CUDA build flushes fp32 denormals (``--use_fast_math``); a bf16 product below 2**-126, far under any decode step's,
+is kept here. tests/gpu/test_exact_nf4_gpu.py checks the bits against bitsandbytes on a GPU beside a one-ulp control.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import os
 import torch
 
 from . import exact_norm
-from .errors import InvalidChoiceError, require_model
+from .errors import InvalidChoiceError, TunedDecodeError, require_model
 
+SUMMED_AS = "0.50."  # the bitsandbytes releases whose SIMT kernel sums in this order
 GROUP = 1024  # K elements a warp takes per step: 32 lanes x 32 weights (NUM_VAL, K_STRIDE in gemm_4bit_simt.cu)
 LANES = 32
 NESTED_BLOCK = 256  # bitsandbytes' gemm_4bit takes nested scales only with state2.blocksize 256
@@ -197,6 +200,8 @@ def compute_dtype(module) -> torch.dtype | None:
 def is_decode_input(x: torch.Tensor, modules: list) -> bool:
     """One CUDA token ([..., K], one row, contiguous) in the dtype the layers compute in, on their device."""
     if x.device.type != "cuda" or x.numel() != x.shape[-1] or not x.is_contiguous():
+        return False
+    if torch.is_grad_enabled() and x.requires_grad:  # bitsandbytes takes its autograd path then, not the SIMT kernel
         return False
     return all(compute_dtype(m) == x.dtype in (torch.bfloat16, torch.float16) and m.weight.device == x.device
                and int(_state(m).shape[1]) == x.shape[-1] for m in modules)
@@ -399,6 +404,13 @@ def fuse_gemv(model) -> JoinedGemv:
     """Give each NF4 layer of ``model`` that ``takes_kernel`` the forward that runs ``nf4_gemv`` for one-token CUDA
     inputs, siblings that read one input in one launch (``gemv_groups``), and its own forward for anything else.
     Call it after the model is placed and accelerate's hooks are removed; capture CUDA graphs after it."""
+    require_model(model)
+    import bitsandbytes
+
+    if not bitsandbytes.__version__.startswith(SUMMED_AS):
+        raise TunedDecodeError(f"Decoder(fused_gemv=True) sums as bitsandbytes {SUMMED_AS}x does, and bitsandbytes "
+                               f"{bitsandbytes.__version__} is installed: install bitsandbytes=={SUMMED_AS}*, or leave "
+                               f"fused_gemv out.")
     groups = gemv_groups(model)
     handoff: dict = {}
     forwards = {module: _joined_forward(module, group, handoff) for group in groups for module in group}

@@ -175,3 +175,13 @@ def test_the_decoder_takes_the_joined_gemv_as_a_fusion():
     assert "fused gemv" in settings.label()
     with pytest.raises(decoding.InvalidChoiceError, match="fused_gemv"):
         decoding.Decoder(compile="reduce-overhead", fused_gemv=True)
+
+
+def test_another_bitsandbytes_release_is_refused_rather_than_summed_in_a_guessed_order(monkeypatch):
+    model = torch.nn.ModuleDict({"a": Block()})
+    monkeypatch.setattr(bnb, "__version__", "0.51.0")
+    with pytest.raises(exact_nf4.TunedDecodeError, match="bitsandbytes==0.50"):
+        exact_nf4.fuse_gemv(model)
+    assert "forward" not in vars(model.a.q_proj)
+    monkeypatch.setattr(bnb, "__version__", "0.50.2")
+    exact_nf4.fuse_gemv(model).restore()
