@@ -318,27 +318,32 @@ def nf4_gemv(x: torch.Tensor, modules: list) -> list:
     if not can_join(list(modules)):
         raise InvalidChoiceError("nf4_gemv takes one to three NF4 Linear4bit layers without a bias that share K, "
                                  "block size and nesting; run the others as they are.")
+    k = int(_state(modules[0]).shape[1])
+    if x.numel() != x.shape[-1] or x.dtype not in (torch.bfloat16, torch.float16) or x.shape[-1] != k:
+        raise InvalidChoiceError(f"nf4_gemv takes one token of {k} bf16 or fp16 values; got {tuple(x.shape)} {x.dtype}.")
+    return _launch(x.contiguous(), modules)
+
+
+def _launch(x: torch.Tensor, modules: list) -> list:
+    """``nf4_gemv`` without its checks, for layers and an input already checked (the decode step's hot path: no
+    host sync, nothing a CUDA graph capture refuses)."""
     held = [_weights(m) for m in modules]
-    if x.numel() != x.shape[-1] or x.dtype not in (torch.bfloat16, torch.float16) or x.shape[-1] != held[0].k:
-        raise InvalidChoiceError(f"nf4_gemv takes one token of {held[0].k} bf16 or fp16 values; got "
-                                 f"{tuple(x.shape)} {x.dtype}.")
-    x = x.contiguous()
     sizes = [w.n for w in held]
-    out = torch.empty(sum(sizes), dtype=x.dtype, device=x.device)
-    padded = held + [held[-1]] * (3 - len(held))
-    ends = [sum(sizes[:i + 1]) for i in range(len(sizes))] + [sum(sizes)] * (3 - len(sizes))
+    total = sum(sizes)
+    out = torch.empty(total, dtype=x.dtype, device=x.device)
+    ends = [sum(sizes[:i + 1]) for i in range(len(sizes))] + [total] * (3 - len(sizes))
     nested = held[0].nested
     arguments = []
-    for w in padded:
+    for w in held + [held[-1]] * (3 - len(held)):  # unused weight slots repeat the last: no row reaches them
         arguments += [w.words, w.scales, w.quantized if nested else w.words, w.offset if nested else w.scales]
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    total = sum(sizes)
+    lut, lut_bits = held[0].lut(x.dtype)
     _kernel(interpret)[(-(-total // ROWS),)](
-        x.view(torch.int32), out, *held[0].lut(x.dtype), held[0].code if nested else held[0].scales, *arguments, ends[0], ends[1], total,
-        K=held[0].k, BLOCK_LOG2=held[0].blocksize.bit_length() - 1, NESTED=nested, IS_BF16=x.dtype == torch.bfloat16,
-        ROWS=ROWS, LANES_FIRST=LANES_FIRST, PACKED=packs(x) and not interpret, INTERPRET=interpret, num_warps=WARPS, enable_fp_fusion=False)
-    shape = x.shape[:-1]
-    return [part.reshape(*shape, n) for part, n in zip(out.split(sizes), sizes)]
+        x.view(torch.int32), out, lut, lut_bits, held[0].code if nested else held[0].scales, *arguments,
+        ends[0], ends[1], total, K=held[0].k, BLOCK_LOG2=held[0].blocksize.bit_length() - 1, NESTED=nested,
+        IS_BF16=x.dtype == torch.bfloat16, ROWS=ROWS, LANES_FIRST=LANES_FIRST, PACKED=packs(x) and not interpret,
+        INTERPRET=interpret, num_warps=WARPS, enable_fp_fusion=False)
+    return [part.reshape(*x.shape[:-1], n) for part, n in zip(out.split(sizes), sizes)]
 
 
 # --------------------------------------------------------------------------- the model's layers
@@ -349,7 +354,7 @@ GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings 
 def _joined_forward(module, group: list, handoff: dict):
     """``module``'s forward: for a one-token CUDA input, the first of ``group`` runs the whole group in one launch
     and leaves each sibling its output in ``handoff``, which the sibling takes only for the very same input tensor;
-    anything else (prefill, another dtype) runs the layer's own forward."""
+    anything else (prefill, another dtype) runs the layer's own forward. ``gemv_groups`` checked the layers once."""
     original = module.forward  # the class's forward, bound
 
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -360,8 +365,8 @@ def _joined_forward(module, group: list, handoff: dict):
         if not is_decode_input(x, group if module is group[0] else [module]):
             return original(x)
         if module is not group[0]:
-            return nf4_gemv(x, [module])[0]
-        outputs = nf4_gemv(x, group)
+            return _launch(x, [module])[0]
+        outputs = _launch(x, group)
         for sibling, output in zip(group[1:], outputs[1:]):
             handoff[sibling] = (x, output)
         return outputs[0]
@@ -388,10 +393,8 @@ def gemv_groups(model) -> list:
     groups, grouped = [], set()
     for parent in model.modules():
         for names in GROUPS:
-            members = [getattr(parent, name, None) for name in names]
-            members = [m for m in members if m is not None]
-            if len(members) > 1 and len(members) == sum(1 for n in names if getattr(parent, n, None) is not None) \
-                    and all(exact_norm._runs_its_class_forward(m) for m in members) and can_join(members):
+            members = [m for m in (getattr(parent, name, None) for name in names) if m is not None]
+            if len(members) > 1 and all(exact_norm._runs_its_class_forward(m) for m in members) and can_join(members):
                 groups.append(members)
                 grouped.update(members)
     for module in model.modules():

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from conftest import run_interpreted, sm90_ptx
+from conftest import run_interpreted, sm90_ptx, tool
 
 from helpers import decoding, exact_nf4
 
@@ -19,12 +19,8 @@ SHAPES = [(24, 2560), (10, 256), (9, 3072)]  # K of E4B's hidden size, its per-l
 def nf4_linear(n: int, k: int, *, nested: bool = False, dtype=torch.bfloat16, seed: int = 0, bias: bool = False,
                quant_type: str = "nf4"):
     """A quantized ``Linear4bit`` on the CPU, never called (bitsandbytes repacks CPU weights on a first call)."""
-    generator = torch.Generator().manual_seed(seed)
-    module = bnb.nn.Linear4bit(k, n, bias=bias, compute_dtype=dtype, quant_type=quant_type, compress_statistics=nested)
-    weight = torch.randn(n, k, generator=generator) * (0.02 + torch.rand(n, 1, generator=generator) * 0.1)
-    module.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type=quant_type, blocksize=64,
-                                      compress_statistics=nested)
-    return module.to("cpu").eval()
+    return tool("nf4_gemv_probe").linear(n, k, dtype, nested, torch.Generator().manual_seed(seed), device="cpu",
+                                         bias=bias, quant_type=quant_type)
 
 
 INTERPRETED = """
@@ -141,7 +137,7 @@ def test_a_sibling_takes_the_joined_output_only_for_the_very_input_it_was_made_f
         return [exact_nf4.gemv_eager(x, m) for m in modules]
 
     monkeypatch.setattr(exact_nf4, "is_decode_input", lambda x, modules: x.numel() == x.shape[-1])
-    monkeypatch.setattr(exact_nf4, "nf4_gemv", gemv)
+    monkeypatch.setattr(exact_nf4, "_launch", gemv)
     x = torch.randn(1, 1, 256).to(torch.bfloat16)
     with exact_nf4.fuse_gemv(model) as joined:
         block = model.a

@@ -41,14 +41,17 @@ def decode_shapes() -> dict:
             "per-layer-gate": (per, h), "per-layer-projection": (h, per)}
 
 
-def linear(n: int, k: int, dtype, nested: bool, generator):
+def linear(n: int, k: int, dtype, nested: bool, generator, *, device: str = "cuda", bias: bool = False,
+           quant_type: str = "nf4"):
+    """A ``Linear4bit`` of random weights (each row its own spread), quantized on ``device``; on the CPU never call
+    it (bitsandbytes repacks CPU weights on a first call). The tests build their layers here too."""
     import bitsandbytes as bnb
 
-    module = bnb.nn.Linear4bit(k, n, bias=False, compute_dtype=dtype, quant_type="nf4", compress_statistics=nested)
+    module = bnb.nn.Linear4bit(k, n, bias=bias, compute_dtype=dtype, quant_type=quant_type, compress_statistics=nested)
     weight = torch.randn(n, k, generator=generator) * (0.02 + torch.rand(n, 1, generator=generator) * 0.1)
-    module.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4", blocksize=64,
+    module.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type=quant_type, blocksize=64,
                                       compress_statistics=nested)
-    return module.cuda().eval()
+    return module.to(device).eval()
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -145,16 +148,9 @@ FIXTURE = {"n": 64, "k": 3072, "seed": 31}  # one and a half 1024-groups: the id
 
 def fixture_layer(dtype, nested: bool, device: str):
     """The fixture's layer, quantized on the CPU (the same bytes on any machine), then moved to ``device``."""
-    import bitsandbytes as bnb
-
     generator = torch.Generator().manual_seed(FIXTURE["seed"])
-    n, k = FIXTURE["n"], FIXTURE["k"]
-    module = bnb.nn.Linear4bit(k, n, bias=False, compute_dtype=dtype, quant_type="nf4", compress_statistics=nested)
-    weight = torch.randn(n, k, generator=generator) * (0.02 + torch.rand(n, 1, generator=generator) * 0.1)
-    module.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4", blocksize=64,
-                                      compress_statistics=nested)
-    module = module.to("cpu")
-    x = (torch.randn(1, 1, k, generator=generator) * 3).to(dtype)
+    module = linear(FIXTURE["n"], FIXTURE["k"], dtype, nested, generator, device="cpu")
+    x = (torch.randn(1, 1, FIXTURE["k"], generator=generator) * 3).to(dtype)
     return module.to(device).eval(), x.to(device)
 
 

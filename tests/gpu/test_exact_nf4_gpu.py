@@ -3,23 +3,19 @@ bitsandbytes' own bits on CUDA, alone and joined with its siblings, beside a one
 
 import pytest
 import torch
+from conftest import tool
 
 from helpers import exact_nf4
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-bnb = pytest.importorskip("bitsandbytes")
+pytest.importorskip("bitsandbytes")
 
 # (N, K) of E4B's projections: q, k/v (sliding and full), o, gate/up, down, the per-layer gate and projection
 SHAPES = [(2048, 2560), (512, 2560), (4096, 2560), (1024, 2560), (2560, 2048), (2560, 4096), (10240, 2560),
           (2560, 10240), (256, 2560), (2560, 256)]
 
 
-def linear(n: int, k: int, dtype, nested: bool, generator):
-    module = bnb.nn.Linear4bit(k, n, bias=False, compute_dtype=dtype, quant_type="nf4", compress_statistics=nested)
-    weight = torch.randn(n, k, generator=generator) * (0.02 + torch.rand(n, 1, generator=generator) * 0.1)
-    module.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4", blocksize=64,
-                                      compress_statistics=nested)
-    return module.cuda().eval()
+linear = tool("nf4_gemv_probe").linear  # a random Linear4bit quantized on the GPU
 
 
 def bits(t):
