@@ -36,6 +36,25 @@ def isolated_course_cache(tmp_path_factory):
     yield
 
 
+# the variables the course reads: a test that sets one must undo it, or every later test (and each notebook kernel it
+# starts) runs on another model, card or cache; a card-sweep helper once left GEMMA_MODEL=e4b-shape behind, and a
+# later notebook test built the 16 GB checkpoint on a CI disk with no room for it
+COURSE_VARIABLES = ("GEMMA_", "CARD_GB", "HF_", "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+@pytest.fixture(autouse=True)
+def course_variables_left_as_found():
+    before = {key: value for key, value in os.environ.items() if key.startswith(COURSE_VARIABLES)}
+    yield
+    after = {key: value for key, value in os.environ.items() if key.startswith(COURSE_VARIABLES)}
+    if after != before:
+        for key in after.keys() - before.keys():
+            del os.environ[key]
+        os.environ.update(before)
+        changed = sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
+        pytest.fail(f"the test left {', '.join(changed)} changed in os.environ (use monkeypatch.setenv)")
+
+
 @pytest.fixture(scope="session")
 def tiny_path():
     from helpers import synthetic

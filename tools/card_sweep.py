@@ -233,10 +233,10 @@ def unpack(bundle_path: Path) -> list:
                 continue
             environment = work / "environment.jsonl"
             environment.write_text(json.dumps({key: same_run[-1][key] for key in ("gpu", "gpu_total_bytes", "versions")}))
-            os.environ.update(CARD_GB="" if card == "uncapped" else card, GEMMA_MODEL=shape)
             part_cards = next(cards for number in numbers for _, cards in [parts()[number - 1]] if card in cards)
             part_command = "GPU_RECORD=1 " + " ".join(command(shape, part_cards))
-            record_nbval.main([str(junit), "--environment-from", str(environment), "--command", part_command])
+            record_nbval.main([str(junit), "--environment-from", str(environment), "--command", part_command,
+                              "--model", shape, "--card", card])
             recorded.append(junit.name)
     return recorded
 

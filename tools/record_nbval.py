@@ -82,8 +82,12 @@ def main(argv) -> int:
     parser.add_argument("junit", type=Path)
     parser.add_argument("--environment-from", type=Path, help="a benchmark record from the same GPU session")
     parser.add_argument("--command", help="the command that produced the JUnit file")
+    parser.add_argument("--model", default=os.environ.get("GEMMA_MODEL", "e4b-shape"),
+                        help="the model the notebooks ran (default: $GEMMA_MODEL, else e4b-shape)")
+    parser.add_argument("--card", default=os.environ.get("CARD_GB", ""),
+                        help="the card cap in GB they ran under, or uncapped (default: $CARD_GB)")
     args = parser.parse_args(argv)
-    model = os.environ.get("GEMMA_MODEL", "e4b-shape")
+    model = args.model
     target = GPU_TIER_DIR / f"notebooks-{model}.json"
     from filelock import FileLock
 
@@ -91,11 +95,11 @@ def main(argv) -> int:
         record = json.loads(target.read_text()) if target.is_file() else {"model": model, "cards": {}}
         if "notebooks" in record:  # written before runs were kept per card: the whole GPU
             record.setdefault("cards", {})["uncapped"] = record.pop("notebooks")
-        card = record.setdefault("cards", {}).setdefault(card_label(), {})
+        card = record.setdefault("cards", {}).setdefault(card_label(args.card), {})
         record_run(record, card, args, context_for(args, model))
         write_record(target, record)
     Path(str(target) + ".lock").unlink(missing_ok=True)
-    print(card_label(), json.dumps({name: entry["result"] for name, entry in card.items()}))
+    print(card_label(args.card), json.dumps({name: entry["result"] for name, entry in card.items()}))
     return 0
 
 
@@ -106,7 +110,8 @@ def context_for(args, model: str) -> dict:
         from lab.records import environment
 
         context = environment()
-    context["command"] = args.command or f"GPU_RECORD=1 GEMMA_MODEL={model} CARD_GB={os.environ.get('CARD_GB', '')} make test-gpu-notebooks"
+    card = "" if args.card == "uncapped" else args.card
+    context["command"] = args.command or f"GPU_RECORD=1 GEMMA_MODEL={model} CARD_GB={card} make test-gpu-notebooks"
     context["date"] = run_date(args.junit) or context.get("date")
     return context
 
