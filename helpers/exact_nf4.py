@@ -14,9 +14,11 @@ here run in exactly that order, so the result is the same to the bit:
   own forward for anything else; the q, k and v projections of an attention block, and the gate and up
   projections of an MLP, run as one launch. ``.installed()`` / ``.restore()`` as ``exact_norm.SwappedForwards``.
 
-The order is bitsandbytes 0.50's (``SUMMED_AS``): ``fuse_gemv`` refuses another release rather than guess. Its
-CUDA build flushes fp32 denormals (``--use_fast_math``); a bf16 product below 2**-126, far under any decode step's,
-is kept here. tests/gpu/test_exact_nf4_gpu.py checks the bits against bitsandbytes on a GPU beside a one-ulp control.
+The order is bitsandbytes 0.50's (``SUMMED_AS``): ``fuse_gemv`` refuses another release rather than guess.
+``tools/bnb_sass.py`` reads it in the machine code of every GPU architecture the wheel ships (the nested scale is
+one fma there too). Each of its fp32 adds flushes denormals (``--use_fast_math``); a bf16 product below 2**-126, far
+under any decode step's, is kept here. tests/gpu/test_exact_nf4_gpu.py checks the bits on a GPU beside a one-ulp
+control.
 """
 
 from __future__ import annotations

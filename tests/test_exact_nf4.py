@@ -4,6 +4,7 @@ tests/gpu/test_exact_nf4_gpu.py checks the kernel against bitsandbytes' own on C
 
 import importlib.util
 import re
+import sys
 
 import pytest
 import torch
@@ -164,6 +165,46 @@ def test_the_kernel_compiles_for_an_h100_with_no_fma_but_the_nested_scales_one()
         assert bool(re.findall(r"\bfma\.rn\.f32", ptx)) == nested, (nested, packed)
         # packed: two bf16x2 products per byte, each one rounding (an fma with -0); otherwise cvt.rn to bf16
         assert bool(re.findall(r"\bfma\.rn\.bf16x2", ptx)) == packed and re.findall(r"cvt\.rn\.bf16", ptx)
+
+
+@pytest.fixture(scope="module")
+def bnb_sass():
+    """tools/bnb_sass.py and its survey of the installed wheel (requirements-dev.txt brings cuobjdump on Linux x86-64,
+    where CI runs; elsewhere the wheel has no disassembler to pip install)."""
+    import platform
+
+    if (sys.platform, platform.machine()) != ("linux", "x86_64"):
+        pytest.skip("NVIDIA's cuobjdump wheel is for Linux x86-64 only")
+    module = tool("bnb_sass")
+    return module, module.survey()
+
+
+def test_every_gpu_architecture_in_the_bitsandbytes_wheel_rounds_and_sums_as_the_kernel_does(bnb_sass):
+    """The GPU test compares bits on one card; a T4 (sm_75), 3060 (sm_86) or 4060 (sm_89) runs other machine code
+    of the same source. In every one the wheel ships, bf16 and fp16: rounded products, one fma only for the
+    nested scale, fp32 adds that flush denormals, the shfl_down tree. Its fp32 kernel, an fma per product, is
+    the control that must be reported different."""
+    _, rows = bnb_sass
+    read = [(library, arch, dtype, found) for library, arch, dtype, found in rows if arch]
+    assert {"sm_75", "sm_80", "sm_86", "sm_89", "sm_90"} <= {arch for _, arch, _, _ in read}
+    assert [row for row in read if row[2] != "float32" and row[3]] == []
+    controls = [found for _, _, dtype, found in read if dtype == "float32"]
+    assert controls and all(any("fma" in problem for problem in found) for found in controls)
+    unread = [row for row in rows if not row[1]]
+    assert len(unread) <= len({row[0] for row in rows}) // 2, unread  # most builds are read, not skipped
+
+
+def test_a_kernel_whose_nested_scale_is_two_roundings_or_whose_adds_keep_denormals_is_reported(bnb_sass):
+    module, _ = bnb_sass
+    library = next(library for library in module.libraries() if "cuda13" in library.name)
+    sass = module.kernel_sass(library, module.cuobjdump())["sm_90"]["bfloat16"]
+    assert module.differences(sass, "bfloat16") == []
+    split = re.sub(r"FFMA\.FTZ (R\d+), (R\d+), (R\d+), (R\d+) ;", r"FMUL.FTZ \1, \2, \3 ;", sass)
+    assert split != sass and "nested scale is not one fp32 fma" in " ".join(module.differences(split, "bfloat16"))
+    kept = sass.replace("FADD.FTZ", "FADD", 1)
+    assert "keeps denormals" in " ".join(module.differences(kept, "bfloat16"))
+    fused = re.sub(r"HMUL2\.BF16_V2 (R\d+), (R\d+), (R\d+) ;", r"HFMA2.BF16_V2 \1, \2, \3, R4 ;", sass, count=1)
+    assert fused != sass and "fused with an add" in " ".join(module.differences(fused, "bfloat16"))
 
 
 def test_the_decoder_takes_the_joined_gemv_as_a_fusion():
