@@ -16,8 +16,9 @@ here run in exactly that order, so the result is the same to the bit:
 
 The order is bitsandbytes 0.50's (``SUMMED_AS``): ``fuse_gemv`` refuses another release rather than guess.
 ``tools/bnb_sass.py`` reads it in the machine code of every GPU architecture the wheel ships (the nested scale is
-one fma there too). Each of its fp32 adds flushes denormals (``--use_fast_math``); a bf16 product below 2**-126, far
-under any decode step's, is kept here. tests/gpu/test_exact_nf4_gpu.py checks the bits on a GPU beside a one-ulp
+one fma there too). Each of its fp32 adds flushes what is below 2**-126 to zero (``--use_fast_math``), and so do the
+adds here. Only on sm_75 in bf16 does it also flush a product before rounding it (an fp32 multiply there); a product
+so small is far under any decode step's. tests/gpu/test_exact_nf4_gpu.py checks the bits on a GPU beside a one-ulp
 control.
 """
 
@@ -77,6 +78,28 @@ def _mul2(a, b, IS_BF16: tl.constexpr):
     return tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1)
 
 
+def _add(a, b, INTERPRET: tl.constexpr):
+    """a + b in fp32 as bitsandbytes' fast-math build adds: inputs and result below 2**-126 flushed to a zero of
+    their sign (PTX add.ftz; the interpreter has no inline PTX, so there by hand)."""
+    if INTERPRET:
+        return _flushed(_flushed(a) + _flushed(b))
+    return tl.inline_asm_elementwise("add.ftz.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True,
+                                     pack=1)
+
+
+def _flushed(v):
+    return tl.where(tl.abs(v) < 1.1754943508222875e-38, v * 0.0, v)
+
+
+def _halves_summed(acc, WIDTH: tl.constexpr, ROWS: tl.constexpr, LANES_FIRST: tl.constexpr, INTERPRET: tl.constexpr):
+    """Lane i plus lane i + WIDTH for i < WIDTH: one step of __shfl_down's tree over the lane axis."""
+    if LANES_FIRST:  # [2 * WIDTH, ROWS] -> [WIDTH, ROWS]
+        first, second = tl.split(tl.permute(tl.reshape(acc, [2, WIDTH, ROWS]), (1, 2, 0)))
+    else:  # [ROWS, 2 * WIDTH] -> [ROWS, WIDTH]
+        first, second = tl.split(tl.permute(tl.reshape(acc, [ROWS, 2, WIDTH]), (0, 2, 1)))
+    return _add(first, second, INTERPRET)
+
+
 def _gemv_kernel(x_ptr, out_ptr, lut_ptr, lut_bits_ptr, code_ptr, words0, scales0, nested0, offset0, words1, scales1, nested1,
                  offset1, words2, scales2, nested2, offset2, END0, END1, N_ALL, K: tl.constexpr,
                  BLOCK_LOG2: tl.constexpr, NESTED: tl.constexpr, IS_BF16: tl.constexpr, ROWS: tl.constexpr,
@@ -132,23 +155,16 @@ def _gemv_kernel(x_ptr, out_ptr, lut_ptr, lut_bits_ptr, code_ptr, words0, scales
                                     IS_BF16, INTERPRET)
                     high = _round_to(_round_to(tl.load(lut_ptr + (byte & 0xF)) * scale, IS_BF16, INTERPRET) * a_high,
                                      IS_BF16, INTERPRET)
-                acc += tl.where(on, low + high, 0.0)
+                acc = _add(acc, tl.where(on, _add(low, high, INTERPRET), 0.0), INTERPRET)
     # lane i + lane i+16, then 8, 4, 2, 1: __shfl_down's tree
-    if LANES_FIRST:
-        total = tl.sum(tl.reshape(acc, [2, 16, ROWS]), axis=0)
-        total = tl.sum(tl.reshape(total, [2, 8, ROWS]), axis=0)
-        total = tl.sum(tl.reshape(total, [2, 4, ROWS]), axis=0)
-        total = tl.sum(tl.reshape(total, [2, 2, ROWS]), axis=0)
-        total = tl.sum(total, axis=0)  # [ROWS]
-    else:
-        total = tl.sum(tl.reshape(acc, [ROWS, 2, 16]), axis=1)
-        total = tl.sum(tl.reshape(total, [ROWS, 2, 8]), axis=1)
-        total = tl.sum(tl.reshape(total, [ROWS, 2, 4]), axis=1)
-        total = tl.sum(tl.reshape(total, [ROWS, 2, 2]), axis=1)
-        total = tl.sum(total, axis=1)
+    total = _halves_summed(acc, 16, ROWS, LANES_FIRST, INTERPRET)
+    total = _halves_summed(total, 8, ROWS, LANES_FIRST, INTERPRET)
+    total = _halves_summed(total, 4, ROWS, LANES_FIRST, INTERPRET)
+    total = _halves_summed(total, 2, ROWS, LANES_FIRST, INTERPRET)
+    total = tl.reshape(_halves_summed(total, 1, ROWS, LANES_FIRST, INTERPRET), [ROWS])
     rows = base + tl.arange(0, ROWS)
-    tl.store(out_ptr + rows, _round_to(total + 0.0, IS_BF16, INTERPRET).to(out_ptr.dtype.element_ty),
-             mask=rows < N_ALL)
+    total = _add(total, tl.zeros([ROWS], dtype=tl.float32), INTERPRET)  # bitsandbytes adds its bias, 0 without one
+    tl.store(out_ptr + rows, _round_to(total, IS_BF16, INTERPRET).to(out_ptr.dtype.element_ty), mask=rows < N_ALL)
 
 
 @functools.lru_cache(maxsize=2)
@@ -163,6 +179,9 @@ def _kernel(interpret: bool):
     globals()["_halves"] = triton.jit(_halves)
     globals()["_bits16"] = triton.jit(_bits16)
     globals()["_mul2"] = triton.jit(_mul2)
+    globals()["_flushed"] = triton.jit(_flushed)
+    globals()["_add"] = triton.jit(_add)
+    globals()["_halves_summed"] = triton.jit(_halves_summed)
     return triton.jit(_gemv_kernel)
 
 
@@ -243,23 +262,29 @@ def gemv_eager(x: torch.Tensor, module) -> torch.Tensor:
     def rounded(v):
         return v.to(dtype).float()
 
+    def flushed(v):  # bitsandbytes' fp32 adds flush what is below 2**-126 to a zero of its sign
+        return torch.where(v.abs() < torch.finfo(torch.float32).tiny, v * 0.0, v)
+
+    def add(a, b):
+        return flushed(flushed(a) + flushed(b))
+
     packed = module.weight.detach().reshape(n, k // 2)
     nibbles = torch.stack([packed >> 4, packed & 0xF], dim=-1).reshape(n, k).long()  # high nibble first
     scale = rounded(_scales(state).reshape(n, -1)).repeat_interleave(int(state.blocksize), dim=1)
     weights = rounded(_lut(state, dtype)[nibbles] * scale)
     products = rounded(weights * x.reshape(1, k).float())
-    pairs = products[:, 0::2] + products[:, 1::2]  # [n, k/2]
+    pairs = add(products[:, 0::2], products[:, 1::2])  # [n, k/2]
     padded = torch.zeros(n, groups * GROUP // 2, dtype=torch.float32, device=pairs.device)
     padded[:, :k // 2] = pairs
     lanes = padded.reshape(n, groups, LANES, 16)
     acc = torch.zeros(n, LANES, dtype=torch.float32, device=pairs.device)
     for group in range(groups):
         for pair in range(16):
-            acc = acc + lanes[:, group, :, pair]
+            acc = add(acc, lanes[:, group, :, pair])
     while acc.shape[1] > 1:
         half = acc.shape[1] // 2
-        acc = acc[:, :half] + acc[:, half:]
-    return (acc[:, 0] + 0.0).to(dtype).reshape(*x.shape[:-1], n)
+        acc = add(acc[:, :half], acc[:, half:])
+    return add(acc[:, 0], torch.zeros_like(acc[:, 0])).to(dtype).reshape(*x.shape[:-1], n)
 
 
 class _Weights:

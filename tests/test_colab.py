@@ -72,7 +72,8 @@ def test_the_drive_cache_moves_both_caches_into_drive_before_huggingface_hub_rea
     from huggingface_hub import constants
 
     (tmp_path / "MyDrive").mkdir()
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)  # restored, with the course cache, after the test
+    monkeypatch.setenv("HF_HUB_CACHE", "")  # recorded first, so the test's setting is undone even where it was unset
+    monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.setenv("GEMMA_COURSE_CACHE", os.environ.get("GEMMA_COURSE_CACHE", ""))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "MyDrive" / "gemma-course" / "huggingface"))
     root = course.use_drive_cache(mount_point=str(tmp_path))

@@ -15,6 +15,9 @@ from helpers import decoding, exact_nf4
 bnb = pytest.importorskip("bitsandbytes")
 
 SHAPES = [(24, 2560), (10, 256), (9, 3072)]  # K of E4B's hidden size, its per-layer input, and one 1024-group and a half
+# inputs over three orders of magnitude, and bf16 inputs so small that many products fall below 2**-126 (fp16
+# cannot hold them: zeros there)
+SCALES = (0.1, 1.0, 10.0, 1e-36)
 
 
 def nf4_linear(n: int, k: int, *, nested: bool = False, dtype=torch.bfloat16, seed: int = 0, bias: bool = False,
@@ -28,7 +31,7 @@ INTERPRETED = """
 import json, sys
 import torch
 sys.path.insert(0, "tests")
-from test_exact_nf4 import SHAPES, nf4_linear
+from test_exact_nf4 import SCALES, SHAPES, nf4_linear
 from helpers import exact_nf4
 
 def bits(t):
@@ -40,8 +43,8 @@ for nested in (False, True):
         for n, k in SHAPES:
             layers = [nf4_linear(n + i, k, nested=nested, dtype=dtype, seed=i) for i in range(3)]
             same = checked = apart = 0
-            for sample in range(3):
-                x = (torch.randn(1, 1, k, generator=torch.Generator().manual_seed(sample)) * 10.0 ** (sample - 1)).to(dtype)
+            for sample, scale in enumerate(SCALES):
+                x = (torch.randn(1, 1, k, generator=torch.Generator().manual_seed(sample)) * scale).to(dtype)
                 joined = exact_nf4.nf4_gemv(x, layers)
                 alone = exact_nf4.nf4_gemv(x, layers[1:2])[0]
                 expected = [exact_nf4.gemv_eager(x, layer) for layer in layers]
@@ -68,7 +71,7 @@ def interpreted() -> dict:
 def test_the_kernel_sums_in_bitsandbytes_order_alone_and_joined_and_a_one_ulp_input_is_told_apart(interpreted, nested,
                                                                                                  dtype, n, k):
     same, checked, apart = interpreted[f"{nested} {dtype} {n}x{k}"]
-    assert same == checked == 3 * (4 * n + 4)  # three layers joined (n, n + 1, n + 2 rows) and one alone
+    assert same == checked == len(SCALES) * (4 * n + 4)  # three layers joined (n, n + 1, n + 2 rows) and one alone
     assert apart > 0
 
 
@@ -83,6 +86,20 @@ def test_the_simt_order_is_the_dequantized_product_summed_in_another_order(neste
     plain = (dense @ x.float().flatten()).to(torch.bfloat16).float()
     assert float((ours - plain).norm() / plain.norm()) < 0.02  # each product rounded to bf16: close, not equal
     assert 0 < int((ours != plain).sum()) < 256 and ours.unique().numel() > 200
+
+
+def test_products_below_2_to_the_minus_126_are_flushed_as_bitsandbytes_fast_math_adds_flush_them():
+    """Scaling the input by a power of two scales every product and sum exactly, so the output scales back to the
+    same bits (the control) unless a value below 2**-126 was flushed to zero along the way."""
+    layer = nf4_linear(64, 2560)
+    x = torch.randn(1, 1, 2560, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    shift = 2.0 ** 64
+    assert torch.equal(exact_nf4.gemv_eager(x / shift, layer).float() * shift, exact_nf4.gemv_eager(x, layer).float())
+    tiny = (x.float() * 1e-35).to(torch.bfloat16)  # a tenth of the products under 2**-126, every output above it
+    flushed = exact_nf4.gemv_eager(tiny, layer).float()
+    kept = exact_nf4.gemv_eager((tiny.float() * shift).to(torch.bfloat16), layer).float() / shift
+    assert flushed.abs().min() > torch.finfo(torch.float32).tiny  # normal outputs: the difference is the flush
+    assert 0 < int((flushed != kept).sum()) < flushed.numel()
 
 
 def test_layers_the_kernel_cannot_take_keep_their_own_forward():
@@ -163,6 +180,8 @@ def test_the_kernel_compiles_for_an_h100_with_no_fma_but_the_nested_scales_one()
                      "PACKED": packed, "INTERPRET": False}
         ptx = sm90_ptx(kernel, signature, constants, fusion=True)
         assert bool(re.findall(r"\bfma\.rn\.f32", ptx)) == nested, (nested, packed)
+        # every fp32 add flushes denormals, as bitsandbytes' FADD.FTZ
+        assert re.findall(r"\badd\.ftz\.f32", ptx) and not re.findall(r"\badd(\.rn)?\.f32", ptx)
         # packed: two bf16x2 products per byte, each one rounding (an fma with -0); otherwise cvt.rn to bf16
         assert bool(re.findall(r"\bfma\.rn\.bf16x2", ptx)) == packed and re.findall(r"cvt\.rn\.bf16", ptx)
 

@@ -54,3 +54,18 @@ def test_siblings_joined_in_one_launch_give_each_layers_own_bits(sizes):
         theirs = [m(x) for m in modules]
     for ours, eager in zip(exact_nf4.nf4_gemv(x, modules), theirs):
         assert torch.equal(bits(ours), bits(eager))
+
+
+@pytest.mark.parametrize("n,k", [(2048, 2560), (2560, 10240)])
+def test_products_below_2_to_the_minus_126_are_flushed_as_bitsandbytes_flushes_them(n, k):
+    """bitsandbytes' fast-math adds flush them to zero (tools/bnb_sass.py reads FADD.FTZ); the kernel's adds must too.
+    The same input 2**64 larger, scaled back, keeps them: it must differ somewhere, or nothing here was flushed."""
+    pytest.importorskip("triton", reason="PyTorch's CUDA wheels bring triton")
+    generator = torch.Generator().manual_seed(k)
+    module = linear(n, k, torch.bfloat16, False, generator)
+    x = (torch.randn(1, 1, k, generator=generator) * 1e-36).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        theirs = module(x)
+        kept = module(x * 2.0 ** 64).float() / 2.0 ** 64
+    assert torch.equal(bits(exact_nf4.nf4_gemv(x, [module])[0]), bits(theirs))
+    assert bool((theirs.float() != kept).any())
