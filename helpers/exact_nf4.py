@@ -333,10 +333,13 @@ def can_join(modules: list) -> bool:
 
 
 def packs(x: torch.Tensor) -> bool:
-    """Whether the kernel multiplies packed pairs for ``x``: ``PACKED`` set, and fp16, or bf16 on sm_80 or later."""
-    if not PACKED or x.device.type != "cuda":
-        return False
-    return x.dtype == torch.float16 or torch.cuda.get_device_capability(x.device) >= (8, 0)
+    """Whether the kernel multiplies packed pairs for ``x`` (on a CUDA device; see ``packs_on``)."""
+    return x.device.type == "cuda" and packs_on(x.dtype, torch.cuda.get_device_capability(x.device))
+
+
+def packs_on(dtype: torch.dtype, capability: tuple) -> bool:
+    """``PACKED`` set, and fp16, or bf16 on sm_80 or later (PTX has no bf16x2 arithmetic before)."""
+    return PACKED and (dtype == torch.float16 or tuple(capability) >= (8, 0))
 
 
 def nf4_gemv(x: torch.Tensor, modules: list) -> list:

@@ -123,9 +123,10 @@ def run_interpreted(script: str, *args: str, missing: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def sm90_ptx(kernel, signature: dict, constants: dict, fusion: bool = False) -> str:
-    """The PTX Triton makes of a jitted ``kernel`` for an H100 (sm_90), compiled here without a GPU: ``signature``
-    names each runtime argument's type, ``constants`` the constexpr values; ``fusion``: enable_fp_fusion."""
+def ptx_for(kernel, signature: dict, constants: dict, fusion: bool = False, arch: int = 90) -> str:
+    """The PTX Triton makes of a jitted ``kernel`` for a GPU of compute capability ``arch`` (90: an H100), compiled
+    here without a GPU and assembled by Triton's ptxas: ``signature`` names each runtime argument's type,
+    ``constants`` the constexpr values; ``fusion``: enable_fp_fusion."""
     pytest.importorskip("triton", reason="triton is not installed")
     import triton
     from triton.backends.compiler import GPUTarget
@@ -133,4 +134,6 @@ def sm90_ptx(kernel, signature: dict, constants: dict, fusion: bool = False) -> 
 
     source = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constants, "constexpr")},
                        constexprs={(kernel.arg_names.index(k),): v for k, v in constants.items()})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": fusion}).asm["ptx"]
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": fusion})
+    assert compiled.asm["cubin"]  # ptxas took it for this architecture
+    return compiled.asm["ptx"]

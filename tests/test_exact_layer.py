@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_interpreted, sm90_ptx
+from conftest import ptx_for, run_interpreted
 
 from helpers import decoding, exact_layer, exact_norm, loading, models
 
@@ -75,7 +75,7 @@ def test_the_joined_kernel_compiles_for_an_h100_without_fma_even_where_fusion_is
                  "HAS_SCALE": True, "HAS_NEXT": True, "INTERPRET": False}
     signature = {"x_ptr": "*bf16", "w_ptr": "*fp32", "res_ptr": "*bf16", "scale_ptr": "*bf16", "out_ptr": "*bf16",
                  "w2_ptr": "*fp32", "out2_ptr": "*bf16", "factor": "fp32", "eps": "fp32", "eps2": "fp32"}
-    ptx = sm90_ptx(kernel, signature, constants)
+    ptx = ptx_for(kernel, signature, constants)
     assert not re.findall(r"\bfma\.", ptx) and len(re.findall(r"rsqrt\.approx", ptx)) == 2
     assert re.findall(r"\band\.b32\s+%r\d+,\s*%r\d+,\s*-65536;", ptx) and re.findall(r"\bbar\.sync", ptx)
 
@@ -294,7 +294,7 @@ def test_the_gelu_kernel_compiles_for_an_h100_with_its_fma_and_libdevices_tanh()
 
     kernel = exact_layer._gelu_kernel(False) if importlib.util.find_spec("triton") else None
     signature = {"gate_ptr": "*bf16", "other_ptr": "*bf16", "out_ptr": "*bf16", "beta": "fp32", "kappa": "fp32"}
-    ptx = sm90_ptx(kernel, signature, {"N": 10240, "BLOCK": 1024, "INTERPRET": False})
+    ptx = ptx_for(kernel, signature, {"N": 10240, "BLOCK": 1024, "INTERPRET": False})
     assert re.findall(r"\bfma\.rn\.f32", ptx) and not re.findall(r"^\s*call", ptx, re.M)
     assert len(re.findall(r"\band\.b32\s+%r\d+,\s*%r\d+,\s*-65536;", ptx)) >= 2
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import run_interpreted, sm90_ptx, tool
+from conftest import ptx_for, run_interpreted, tool
 
 from helpers import decoding, exact_nf4
 
@@ -167,23 +167,49 @@ def test_a_sibling_takes_the_joined_output_only_for_the_very_input_it_was_made_f
     assert "forward" not in vars(block.q_proj)
 
 
+def kernel_signature(dtype: str = "bf16") -> dict:
+    """The kernel's runtime arguments by type, for compiling it without a GPU."""
+    signature = {"x_ptr": "*i32", "out_ptr": f"*{dtype}", "lut_ptr": "*fp32", "lut_bits_ptr": "*i32", "code_ptr": "*fp32"}
+    for i in range(3):
+        signature.update({f"words{i}": "*i32", f"scales{i}": "*fp32", f"nested{i}": "*u8", f"offset{i}": "*fp32"})
+    return {**signature, "END0": "i32", "END1": "i32", "N_ALL": "i32"}
+
+
+def kernel_constants(**chosen) -> dict:
+    return {"K": 2560, "BLOCK_LOG2": 6, "NESTED": False, "IS_BF16": True, "ROWS": exact_nf4.ROWS,
+            "LANES_FIRST": exact_nf4.LANES_FIRST, "PACKED": False, "INTERPRET": False, **chosen}
+
+
+def compiled_kernel() -> object:
+    return exact_nf4._kernel(False) if importlib.util.find_spec("triton") else None
+
+
 def test_the_kernel_compiles_for_an_h100_with_no_fma_but_the_nested_scales_one():
     """Compiled for sm_90 here, fusion allowed: every product is rounded to bf16 before the add that follows it, so
     nothing contracts; nested scales keep bitsandbytes' one multiply-add."""
-    kernel = exact_nf4._kernel(False) if importlib.util.find_spec("triton") else None
-    signature = {"x_ptr": "*i32", "out_ptr": "*bf16", "lut_ptr": "*fp32", "lut_bits_ptr": "*i32", "code_ptr": "*fp32"}
-    for i in range(3):
-        signature.update({f"words{i}": "*i32", f"scales{i}": "*fp32", f"nested{i}": "*u8", f"offset{i}": "*fp32"})
-    signature.update({"END0": "i32", "END1": "i32", "N_ALL": "i32"})
+    kernel = compiled_kernel()
     for nested, packed in ((False, False), (True, False), (False, True)):
-        constants = {"K": 2560, "BLOCK_LOG2": 6, "NESTED": nested, "IS_BF16": True, "ROWS": 32, "LANES_FIRST": True,
-                     "PACKED": packed, "INTERPRET": False}
-        ptx = sm90_ptx(kernel, signature, constants, fusion=True)
+        ptx = ptx_for(kernel, kernel_signature(), kernel_constants(NESTED=nested, PACKED=packed), fusion=True)
         assert bool(re.findall(r"\bfma\.rn\.f32", ptx)) == nested, (nested, packed)
         # every fp32 add flushes denormals, as bitsandbytes' FADD.FTZ
         assert re.findall(r"\badd\.ftz\.f32", ptx) and not re.findall(r"\badd(\.rn)?\.f32", ptx)
         # packed: two bf16x2 products per byte, each one rounding (an fma with -0); otherwise cvt.rn to bf16
         assert bool(re.findall(r"\bfma\.rn\.bf16x2", ptx)) == packed and re.findall(r"cvt\.rn\.bf16", ptx)
+
+
+@pytest.mark.parametrize("arch,dtype", [(75, "fp16"), (75, "bf16"), (86, "bf16"), (89, "bf16"), (89, "fp16")],
+                         ids=["T4-fp16", "sm75-bf16", "3060-bf16", "4060-bf16", "4060-fp16"])
+def test_the_kernel_assembles_for_each_learner_card_packed_only_where_the_card_has_the_instruction(arch, dtype):
+    """A T4 (sm_75) has f16x2 arithmetic but no bf16x2, which PTX gives from sm_80: each card gets the products it
+    can run, and ptxas takes the kernel for that architecture."""
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
+    packed = exact_nf4.packs_on(torch_dtype, (arch // 10, arch % 10))
+    assert packed == (dtype == "fp16" or arch >= 80)
+    ptx = ptx_for(compiled_kernel(), kernel_signature(dtype), kernel_constants(IS_BF16=dtype == "bf16", PACKED=packed),
+                  arch=arch)
+    assert bool(re.findall(r"\bfma\.rn\.bf16x2", ptx)) == (packed and dtype == "bf16")
+    assert bool(re.findall(r"\bmul\.rn\.f16x2", ptx)) == (packed and dtype == "fp16")
+    assert re.findall(r"\badd\.ftz\.f32", ptx) and not re.findall(r"\badd(\.rn)?\.f32", ptx)
 
 
 @pytest.fixture(scope="module")

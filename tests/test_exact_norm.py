@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_interpreted, sm90_ptx
+from conftest import ptx_for, run_interpreted
 
 from helpers import decoding, exact_norm, loading
 
@@ -222,10 +222,10 @@ def test_the_kernel_compiles_for_an_h100_without_fma_and_with_the_rsqrt_cuda_use
                  "HAS_WEIGHT": True, "WRITE_MEAN": False, "INTERPRET": False}
     signature = {"x_ptr": "*bf16", "w_ptr": "*fp32", "out_ptr": "*bf16", "mean_ptr": "*fp32", "factor": "fp32",
                  "eps": "fp32"}
-    ptx = sm90_ptx(kernel, signature, constants)
+    ptx = ptx_for(kernel, signature, constants)
     assert not re.findall(r"\bfma\.", ptx) and re.findall(r"\badd\.rn\.f32", ptx) and re.findall(r"\bmul\.rn\.f32", ptx)
     assert len(re.findall(r"rsqrt\.approx", ptx)) == 1 and re.findall(r"cvt\.rn\.bf16\.f32", ptx)
-    fused = sm90_ptx(kernel, signature, constants, fusion=True)
+    fused = ptx_for(kernel, signature, constants, fusion=True)
     assert re.findall(r"\bfma\.", fused)  # the control: with fusion allowed, x*x + acc becomes an fma
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_interpreted, sm90_ptx
+from conftest import ptx_for, run_interpreted
 
 from helpers import decoding, exact_rotary, models
 
@@ -116,7 +116,7 @@ def test_the_rotary_kernel_compiles_for_an_h100_without_fma_even_where_fusion_is
     kernel = exact_rotary._triton_kernel(False) if importlib.util.find_spec("triton") else None
     signature = {"x_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "out_ptr": "*bf16"}
     for fusion in (False, True):
-        ptx = sm90_ptx(kernel, signature, {"D": 256, "HALF": 128}, fusion=fusion)
+        ptx = ptx_for(kernel, signature, {"D": 256, "HALF": 128}, fusion=fusion)
         assert not re.findall(r"\bfma\.", ptx) and re.findall(r"\bmul(\.rn)?\.f32", ptx), fusion
         assert re.findall(r"\band\.b32\s+%r\d+,\s*%r\d+,\s*-65536;", ptx), fusion  # the bits' low half cleared
 
