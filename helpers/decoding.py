@@ -32,10 +32,13 @@ from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
 from .quantization import QUANTS, quant_of
 from .weights import meta_model
 
-COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead")
+COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead", "inductor")
 # eager: Dynamo traces the step (graph breaks show) but runs the same kernels, for the CPU;
 # cudagraphs: the eager step captured in a torch.cuda.CUDAGraph (no compiler; on a CPU the same static buffers,
-# run eagerly); reduce-overhead: Inductor's fused kernels in CUDA graphs
+# run eagerly); reduce-overhead: Inductor's fused kernels in CUDA graphs;
+# inductor: Inductor's fused kernels captured in this module's own CUDA graphs, as cudagraphs captures the eager
+# ones (the one compiler the host-free step takes: its token, rows and masks are traced with it)
+CAPTURED = ("cudagraphs", "inductor")  # the modes StepGraphs captures
 # the Decoder settings that swap in exact kernels
 FUSIONS = ("fused_norms", "fused_rotary", "fused_layers", "fused_activations", "fused_gemv")
 
@@ -83,10 +86,11 @@ class Decoder:
             require_bool(getattr(self, name), name)
         if self.chunk is not None:
             require_whole_number(self.chunk, "chunk", unit="tokens")
-        if self.host_free and (self.compile not in (None, "cudagraphs") or not self.ple_outside):
-            raise InvalidChoiceError(f"Decoder(host_free=True) runs the step eagerly or in a CUDA graph with the rows "
-                                     f"gathered from the step's own token: leave compile={self.compile!r} and "
-                                     f"ple_outside={self.ple_outside!r} at their defaults (or compile=None).")
+        if self.host_free and (self.compile not in (None, *CAPTURED) or not self.ple_outside):
+            raise InvalidChoiceError(f"Decoder(host_free=True) runs the step eagerly or in the course's own CUDA graph "
+                                     f"with the rows gathered from the step's own token: leave "
+                                     f"compile={self.compile!r} and ple_outside={self.ple_outside!r} at their defaults "
+                                     f"(or compile=None, or compile='inductor' for Inductor's kernels in that graph).")
         fused = next((name for name in FUSIONS if getattr(self, name)), None)
         if fused and self.compile not in (None, "cudagraphs"):
             raise InvalidChoiceError(f"Decoder({fused}=True) replays its own kernels eagerly or in a CUDA graph; "
@@ -449,7 +453,7 @@ class TunedGreedy:
         eos = model.generation_config.eos_token_id
         self.eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.cache_name = cache_argument(model)
-        self.step_forward = self._compiled(model.forward)
+        self.step_forward = model.forward if settings.compile in CAPTURED else self._compiled(model.forward)
         self.mapped_tables = []
         if settings.host_free:
             self.mapped_tables = placement.map_host_tables(model)
@@ -482,7 +486,9 @@ class TunedGreedy:
             self.fused_gemv = exact_nf4.fuse_gemv(model)  # likewise
             self.fused_gemv.restore()
         forward = self._host_free_forward if settings.host_free else model.forward
-        self.graphs = StepGraphs(forward, self.device) if settings.compile == "cudagraphs" else None
+        if settings.compile == "inductor":
+            forward = self._compiled(forward)  # the whole step, the host-free pieces too, then captured as it is
+        self.graphs = StepGraphs(forward, self.device) if settings.compile in CAPTURED else None
         self._cache, self._cache_len = None, None
 
     def _compiled(self, forward):
@@ -493,7 +499,7 @@ class TunedGreedy:
         options = {"fullgraph": self.settings.fullgraph, "dynamic": False}
         if mode == "reduce-overhead":
             return torch.compile(forward, mode="reduce-overhead", **options)
-        return torch.compile(forward, backend=mode, **options)
+        return torch.compile(forward, backend=mode, **options)  # eager, or inductor (no CUDA graphs of its own)
 
     def cache(self, length: int):
         """One static cache per length, reset in place between runs: a captured graph keeps its addresses."""

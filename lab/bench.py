@@ -11,10 +11,10 @@ Each configuration runs ``python -m lab.measure`` in its own process, so an out-
 error is recorded as a result and cannot poison the next one. Records accumulate: every run
 appends one JSON line per configuration to ``data/measurements/<model>.jsonl``.
 
-Presets with named configurations (``long-context``, ``long-context-8gb``, ``long-context-cards``,
-``decode-speed``, ``decode-speed-inductor``, ``decode-speed-more``, ``decode-speed-e2b``) compare a configuration with the one it names as
-``reference``, from the same run: logits bit for bit over the steps where both agree with themselves
-(``measure.self_consistent_steps``); a ``control`` must be told apart from its reference.
+Presets with named configurations (the ``long-context`` and ``decode`` ones) compare a configuration with the one
+it names as ``reference``, from the same run: logits bit for bit over the steps where both agree with themselves
+(``measure.self_consistent_steps``), or within the rounding bound where it ``rounds_differently`` (Inductor's
+kernels); a ``control`` must be told apart from its reference.
 
 ``--jobs N`` runs N configurations at once. Allocator statistics are per process, so memory
 figures stay exact; speeds do not (the processes share the GPU), so a record made with N > 1
@@ -228,6 +228,12 @@ def presets() -> dict:
                         _decode(name="host-free-fused-gemv-nudged", decode="host-free-fused-gemv",
                                 route="ple-cpu-nudged", reference="generate-static", control=True)],
         "decode-gemv-8gb": [_decode(name="host-free-fused-gemv-8gb", decode="host-free-fused-gemv", card_gb=8)],
+        # Inductor's kernels in the host-free step's own graph, held to the rounding rule, beside the host-free step
+        "decode-host-free-inductor": [_decode(name="generate-static", decode="generate-static"),
+                                      _decode(name="host-free", decode="host-free", reference="generate-static",
+                                              profile=True),
+                                      _decode(name="host-free-inductor", decode="host-free-inductor",
+                                              reference="generate-static", rounds_differently=True, profile=True)],
         "decode-host-free-more": [_decode(name="host-free-8gb", decode="host-free", card_gb=8),
                                   _decode(name="host-free-bf16", decode="host-free", quant="bf16"),
                                   _decode(name="host-free-fused-all-8gb", decode="host-free-fused-all", card_gb=8),
@@ -239,7 +245,8 @@ def presets() -> dict:
 
 # --- how long a preset takes on one H200: the recorded speeds (the speed preset) and these assumptions ---------
 PROCESS_START_S = 15  # python, torch, transformers and the CUDA context, per configuration (assumed)
-COMPILE_S = {"eager": 60, "cudagraphs": 10, "reduce-overhead": 240}  # Dynamo; one capture per phase; Inductor (assumed)
+# Dynamo; one capture per phase; Inductor (assumed), in its graphs or in the course's
+COMPILE_S = {"eager": 60, "cudagraphs": 10, "reduce-overhead": 240, "inductor": 240}
 ATTENTION_HALF_AT = 65536  # prefill: attention assumed to cost as much as the rest at this context
 STATIC_ATTENTION = 2  # a static cache attends over its whole length at every chunk
 # the profiler's overhead and its Chrome trace (70-140 MB for 16 steps of E4B): decode-speed took 385 s on the

@@ -32,7 +32,9 @@ Decoding speed (``helpers.decoding``): ``--decode MODE`` times greedy decoding o
   reduce-overhead  compiled with ``mode="reduce-overhead"``: Inductor's fused kernels in CUDA graphs
   host-free        the CUDA-graph step fed by the GPU: each step's token, its PLE rows (tables read in place in
                    pinned host memory), positions and masks never wait for the host, so replays queue ahead
-  host-free-fused  the same with each RMSNorm in one kernel that sums as ATen's CUDA mean does (helpers.exact_norm)
+  host-free-inductor  the host-free step compiled by Inductor (its fused kernels, which round differently) and
+                   captured in the same CUDA graph
+  host-free-fused  the host-free step with each RMSNorm in one kernel that sums as ATen's CUDA mean does (helpers.exact_norm)
   host-free-fused-rotary  and each rotary embedding in one kernel that rounds as ATen's bf16 kernels do
                    (helpers.exact_rotary)
   host-free-fused-layers  and each decoder layer's norm-and-residual block ends in one kernel each
@@ -79,17 +81,18 @@ from .records import environment
 ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nudged", "ple-cpu-fp16", "text-only")
 # --decode modes: None = plain generate; otherwise decoding.Decoder's compile setting
 DECODE_MODES = {"generate": None, "generate-static": None, "loop": None, "dynamo": "eager", "cudagraphs": "cudagraphs",
-                "reduce-overhead": "reduce-overhead", "host-free": "cudagraphs", "host-free-fused": "cudagraphs",
-                "host-free-fused-rotary": "cudagraphs", "host-free-fused-layers": "cudagraphs",
-                "host-free-fused-all": "cudagraphs", "host-free-fused-gemv": "cudagraphs"}
+                "reduce-overhead": "reduce-overhead", "host-free": "cudagraphs", "host-free-inductor": "inductor",
+                "host-free-fused": "cudagraphs", "host-free-fused-rotary": "cudagraphs",
+                "host-free-fused-layers": "cudagraphs", "host-free-fused-all": "cudagraphs",
+                "host-free-fused-gemv": "cudagraphs"}
+# each fusion's modes: a mode has the fusions of those above it in the docstring's list, and its own
+FUSED_GEMV_MODES = ("host-free-fused-gemv",)  # decoding.Decoder(fused_gemv=True)
+FUSED_ACTIVATION_MODES = ("host-free-fused-all", *FUSED_GEMV_MODES)  # decoding.Decoder(fused_activations=True)
+FUSED_LAYER_MODES = ("host-free-fused-layers", *FUSED_ACTIVATION_MODES)  # decoding.Decoder(fused_layers=True)
+FUSED_ROTARY_MODES = ("host-free-fused-rotary", *FUSED_LAYER_MODES)  # decoding.Decoder(fused_rotary=True)
+FUSED_NORM_MODES = ("host-free-fused", *FUSED_ROTARY_MODES)  # decoding.Decoder(fused_norms=True)
 # decoding.Decoder(host_free=True): no host read inside the loop
-HOST_FREE_MODES = ("host-free", "host-free-fused", "host-free-fused-rotary", "host-free-fused-layers",
-                   "host-free-fused-all", "host-free-fused-gemv")
-FUSED_NORM_MODES = HOST_FREE_MODES[1:]  # decoding.Decoder(fused_norms=True)
-FUSED_ROTARY_MODES = HOST_FREE_MODES[2:]  # decoding.Decoder(fused_rotary=True)
-FUSED_LAYER_MODES = HOST_FREE_MODES[3:]  # decoding.Decoder(fused_layers=True)
-FUSED_ACTIVATION_MODES = HOST_FREE_MODES[4:]  # decoding.Decoder(fused_activations=True)
-FUSED_GEMV_MODES = HOST_FREE_MODES[5:]  # decoding.Decoder(fused_gemv=True)
+HOST_FREE_MODES = ("host-free", "host-free-inductor", *FUSED_NORM_MODES)
 
 
 def decoder(decode: str):

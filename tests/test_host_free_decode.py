@@ -154,8 +154,33 @@ def test_the_host_free_step_hands_sdpa_additive_masks_so_no_layer_converts_its_o
 
 @pytest.mark.parametrize("settings", [dict(compile="eager"), dict(compile="reduce-overhead"), dict(ple_outside=False)])
 def test_host_free_with_a_compiler_or_the_rows_inside_is_refused_in_one_sentence(settings):
-    with pytest.raises(InvalidChoiceError, match="host_free=True"):
+    """reduce-overhead would capture Inductor's own graphs around a step whose token never leaves the GPU; the
+    course's graph takes Inductor's kernels instead (compile="inductor")."""
+    with pytest.raises(InvalidChoiceError, match="host_free=True.*compile='inductor'"):
         decoding.Decoder(host_free=True, **settings)
+
+
+def test_inductor_compiles_the_whole_host_free_step_and_the_courses_graph_runs_what_it_returns(model, ids, reference,
+                                                                                              monkeypatch):
+    """``Decoder(host_free=True, compile="inductor")``: torch.compile gets the host-free step itself (its token, rows
+    and masks traced with the model, in one graph) and StepGraphs runs the compiled step. Here Dynamo's trace runs
+    on its eager backend, so the logits must stay identical; Inductor's own kernels, which round differently, are
+    held to the rounding rule on the GPU (tests/gpu/test_tuned_paths_gpu.py)."""
+    compiled, compile = [], torch.compile
+
+    def traced_eagerly(fn, **options):
+        compiled.append((fn, options))
+        return compile(fn, **{**options, "backend": "eager"})
+
+    monkeypatch.setattr(torch, "compile", traced_eagerly)
+    expected, steps = reference
+    with measure.math_attention():
+        tuned = decoding.TunedGreedy(model, decoding.Decoder(compile="inductor", host_free=True))
+        run = tuned.greedy(ids, NEW, keep_logits=True)
+    assert [(fn.__func__, options["backend"], options["fullgraph"]) for fn, options in compiled] == [
+        (decoding.TunedGreedy._host_free_forward, "inductor", True)]
+    assert tuned.graphs.forward is not tuned._host_free_forward  # the graph runs the compiled step, not the plain one
+    assert measure.compare_logits(expected.logits, run.logits, steps)["identical"] and run.tokens == expected.tokens
 
 
 def test_fused_norms_take_every_norm_of_each_decode_step_and_none_of_the_prefill_or_of_generate(model, ids, reference,

@@ -150,3 +150,18 @@ def test_the_host_free_step_reads_its_tables_in_place_and_gives_the_logits_of_ge
     table.weight.data.view(torch.int16)[reference.tokens[1]] += 1  # the control: one ulp in a row the run reads
     nudged = tuned.greedy(ids, NEW, keep_logits=True)
     assert not measure.compare_logits(reference.logits, nudged.logits, steps)["identical"]
+
+
+def test_inductor_in_the_host_free_steps_own_graph_rounds_differently_within_bounds(tokenizer):
+    """Inductor's fused kernels round otherwise than the eager ones, so the rule is the bound, beside its control (a
+    cache one position off falls outside it); the step still reads its tables in place and replays the same graph."""
+    ids = measure.prompt_ids(tokenizer, 32, 0)
+    model = loading.load_model("tiny", quant="nf4", ple="cpu", device=0)
+    reference = decoding.plain_greedy(model, ids, NEW, static_cache=True, keep_logits=True)
+    tuned = decoding.TunedGreedy(model, decoding.Decoder(host_free=True, compile="inductor"))
+    first, second = (tuned.greedy(ids, NEW, keep_logits=True) for _ in range(2))
+    assert tuned.mapped_tables and tuned.graphs.captured > 0 and tuned.graphs.replayed > 0
+    assert measure.compare_logits(first.logits, second.logits)["identical"]  # a replayed graph agrees with itself
+    fused = measure.compare_rounding(reference.logits, first.logits)
+    one_step_late = measure.compare_rounding(reference.logits[1:], reference.logits[:-1])
+    assert fused["within_rounding"] and not one_step_late["within_rounding"], (fused, one_step_late)
