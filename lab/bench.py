@@ -228,9 +228,10 @@ def presets() -> dict:
                         _decode(name="host-free-fused-gemv-nudged", decode="host-free-fused-gemv",
                                 route="ple-cpu-nudged", reference="generate-static", control=True)],
         "decode-gemv-8gb": [_decode(name="host-free-fused-gemv-8gb", decode="host-free-fused-gemv", card_gb=8)],
-        # Inductor's kernels in the host-free step's own graph, held to the rounding rule, beside the host-free step
+        # Inductor's kernels in the host-free step's own graph, held to the rounding rule, beside today's CUDA-graph
+        # step of the same run (the host-free step alone is decode-host-free's)
         "decode-host-free-inductor": [_decode(name="generate-static", decode="generate-static"),
-                                      _decode(name="host-free", decode="host-free", reference="generate-static",
+                                      _decode(name="cudagraphs", decode="cudagraphs", reference="generate-static",
                                               profile=True),
                                       _decode(name="host-free-inductor", decode="host-free-inductor",
                                               reference="generate-static", rounds_differently=True, profile=True)],

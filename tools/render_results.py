@@ -432,7 +432,7 @@ def render_long_context_and_speed() -> str:
                       f"{row['route']} on an {row['gpu']}: about {row['decode_tokens_per_s']} tokens/s" for row in cited["rows"])
                   + f" ({cited['source']})."]
     return "\n".join(lines + render_host_free() + render_fused_norms() + render_fused_step() + render_gemv_step()
-                     + render_decode_on_cards(tuned)
+                     + render_host_free_inductor() + render_decode_on_cards(tuned)
                      + render_inductor() + render_decode_elsewhere())
 
 
@@ -496,6 +496,16 @@ def render_gemv_step() -> list:
         "launch each):",
         "Each NF4 projection in bitsandbytes' order (`Decoder(fused_gemv=True)`, `helpers.exact_nf4`): not yet "
         "measured (`make bench PRESET=decode-gemv`); `tools/nf4_gemv_probe.py` checks its bits per shape.")
+
+
+def render_host_free_inductor() -> list:
+    return render_step_run(
+        "decode-host-free-inductor", "host-free-inductor",
+        "**Inductor on top of the host-free step** (`Decoder(host_free=True, compile=\"inductor\")`: Inductor's fused "
+        "kernels captured in the step's own graph; they round differently, so the step is held to the rounding rule, "
+        "not to the bits):",
+        "Inductor on top of the host-free step (`Decoder(host_free=True, compile=\"inductor\")`): not yet measured "
+        "(`make bench PRESET=decode-host-free-inductor`).")
 
 
 DECODE_CARDS = ("RTX 4060", "RTX 4050 Laptop", "RTX 3060", "Colab T4", "RTX 3090")
