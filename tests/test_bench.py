@@ -131,11 +131,11 @@ def test_every_record_has_the_issue_keys_even_when_loading_runs_out_of_memory(tm
 # --------------------------------------------------------------------------- the long-context and speed presets
 
 # every long-context and decode preset: each is one device call, which may run ten minutes at most
-ISSUE_15 = tuple(name for name in bench.presets() if name.startswith(("long-context", "decode-")))
+ONE_CALL_PRESETS = tuple(name for name in bench.presets() if name.startswith(("long-context", "decode-")))
 
 
 def test_every_long_context_and_speed_preset_is_estimated_to_finish_within_ten_minutes_on_the_gpu_the_speeds_were_recorded_on():
-    for name in ISSUE_15:
+    for name in ONE_CALL_PRESETS:
         total = sum(bench.estimate_seconds(config) for config in bench.presets()[name])
         assert 60 < total < 600, (name, total)
 
@@ -155,7 +155,7 @@ def test_the_estimate_grows_faster_than_the_context_since_attention_reads_every_
 
 
 def test_named_configurations_are_unique_and_compare_with_an_earlier_configuration_of_their_preset():
-    for name in ISSUE_15:
+    for name in ONE_CALL_PRESETS:
         configurations = bench.presets()[name]
         names = [c.name for c in configurations]
         assert all(names) and len(set(names)) == len(names), name
@@ -189,7 +189,7 @@ def test_the_long_context_preset_fills_all_131072_positions_with_32_decoded_on_a
     assert configurations["plain"].contexts == configurations["tuned"].contexts == records.LONG_CONTEXTS
 
 
-@pytest.mark.parametrize("preset", ISSUE_15)
+@pytest.mark.parametrize("preset", ONE_CALL_PRESETS)
 def test_dry_run_lists_the_long_context_and_decoding_options(preset):
     done = subprocess.run([sys.executable, "-m", "lab.bench", preset, "--dry-run"], capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
