@@ -250,6 +250,8 @@ def test_a_kernel_whose_nested_scale_is_two_roundings_or_whose_adds_keep_denorma
     assert "keeps denormals" in " ".join(module.differences(kept, "bfloat16"))
     fused = re.sub(r"HMUL2\.BF16_V2 (R\d+), (R\d+), (R\d+) ;", r"HFMA2.BF16_V2 \1, \2, \3, R4 ;", sass, count=1)
     assert fused != sass and "fused with an add" in " ".join(module.differences(fused, "bfloat16"))
+    reordered = re.sub(r"(SHFL\.DOWN PT, R\d+, R\d+, )0x8,", r"\g<1>0x4,", sass, count=1)
+    assert reordered != sass and "shfl_down at 16, 8, 4, 2, 1" in " ".join(module.differences(reordered, "bfloat16"))
 
 
 def test_the_decoder_takes_the_joined_gemv_as_a_fusion():

@@ -129,8 +129,7 @@ def differences(sass: str, dtype: str) -> list:
     if any(".FTZ" not in op for op in adds):
         found.append("an fp32 add keeps denormals (the build is no longer --use_fast_math)")
     offsets = [args[-2] for _, op, args in code if op.startswith("SHFL.DOWN")]
-    if not offsets or [offsets[i:i + len(WARP_TREE)] for i in range(0, len(offsets), len(WARP_TREE))] != \
-            [WARP_TREE] * (len(offsets) // len(WARP_TREE)) or len(offsets) % len(WARP_TREE):
+    if not offsets or offsets != WARP_TREE * (len(offsets) // len(WARP_TREE)):  # the whole tree, once per copy
         found.append(f"the warp does not sum with shfl_down at 16, 8, 4, 2, 1: {offsets}")
     return found
 
