@@ -5,6 +5,7 @@ tests/gpu/test_exact_nf4_gpu.py checks the kernel against bitsandbytes' own on C
 import importlib.util
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -86,6 +87,32 @@ def test_the_simt_order_is_the_dequantized_product_summed_in_another_order(neste
     plain = (dense @ x.float().flatten()).to(torch.bfloat16).float()
     assert float((ours - plain).norm() / plain.norm()) < 0.02  # each product rounded to bf16: close, not equal
     assert 0 < int((ours != plain).sum()) < 256 and ours.unique().numel() > 200
+
+
+# bitsandbytes on a GPU: python tools/nf4_gemv_probe.py --quick --out DIR writes it
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "gpu-tier" / "nf4-gemv-fixture.json"
+
+
+@pytest.mark.parametrize("key", ["bfloat16", "bfloat16-nested", "float16", "float16-nested"])
+def test_the_simt_order_gives_the_bits_bitsandbytes_computed_on_a_gpu_and_a_plain_sum_does_not(key):
+    """``gemv_eager`` on this CPU against bitsandbytes' CUDA outputs recorded for the same quantized bytes and input:
+    every output's bits, where a plain fp32 sum of the dequantized products (the control) misses some. Its 64 rows
+    tell each product's rounding apart, not the order of the lanes' final tree (that moves the fp32 sum by less than
+    a bf16 or fp16 step in every row here): the interpreter and GPU tiers check that."""
+    import json
+
+    recorded = json.loads(FIXTURE.read_text())
+    probe = tool("nf4_gemv_probe")
+    assert {name: recorded[name] for name in probe.FIXTURE} == probe.FIXTURE  # the layer the GPU ran
+    dtype = getattr(torch, key.split("-")[0])
+    layer, x = probe.fixture_layer(dtype, key.endswith("-nested"), "cpu")
+    expected = torch.tensor(recorded[key], dtype=torch.int16)
+    assert expected.unique().numel() > expected.numel() // 2  # the recorded outputs vary
+    ours = exact_nf4.gemv_eager(x, layer).view(torch.int16).flatten()
+    assert torch.equal(ours, expected)
+    dense = bnb.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state).float()
+    plain = (dense @ x.float().flatten()).to(dtype).view(torch.int16)
+    assert int((plain != expected).sum()) > 0
 
 
 def test_products_below_2_to_the_minus_126_are_flushed_as_bitsandbytes_fast_math_adds_flush_them():

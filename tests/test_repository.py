@@ -487,3 +487,30 @@ def test_the_fused_step_is_shown_beside_the_cuda_graph_step_of_its_own_run(tmp_p
 
     (tmp_path / "e4b-shape.jsonl").write_text(json.dumps(record("cudagraphs", 80.0, 4096)).replace("decode-fused", "speed") + "\n")
     assert "not yet measured (`make bench PRESET=decode-fused`)" in "\n".join(tool.render_fused_step())
+
+
+def test_the_headline_shows_the_exact_step_fastest_against_its_own_runs_cuda_graph_step_not_the_newest(tmp_path,
+                                                                                                      monkeypatch):
+    """A newer preset whose step is slower (or not identical) must not replace a faster exact step in the README."""
+    import functools
+
+    from helpers import records
+
+    tool = _tool("render_results")
+
+    def record(preset, name, rate, identical=True):
+        return {"configuration": {"model": "e4b-shape", "name": name, "ple": "cpu", "quant": "nf4", "card_gb": None},
+                "preset": preset, "command": f"python -m lab.bench {preset}", "recorded_at": "2026-12-06T00:00:00",
+                "decode_tokens_per_s": rate, "bandwidth_limit_tokens_per_s": 1000.0, "gpu": "G",
+                "identity": {"identical": identical, "steps": 256}}
+
+    def headline(gemv_rate, identical=True):
+        rows = (record("decode-fused", "cudagraphs", 80.0), record("decode-fused", "host-free-fused-all", 160.0),
+                record("decode-gemv", "cudagraphs", 70.0), record("decode-gemv", "host-free-fused-gemv", gemv_rate, identical))
+        (tmp_path / "e4b-shape.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        return "\n".join(tool.fused_step_headline())
+
+    monkeypatch.setattr(records, "preset_records", functools.partial(records.preset_records, directory=tmp_path))
+    assert "160.0 tokens/s" in headline(70.0) and "2.00x" in headline(70.0)  # the newer, slower step is not shown
+    assert "175.0 tokens/s" in headline(175.0) and "2.50x" in headline(175.0)  # the control: faster, so it is
+    assert "160.0 tokens/s" in headline(175.0, identical=False)  # faster but not identical: not the exact headline

@@ -41,7 +41,9 @@ def test_the_kernel_gives_bitsandbytes_bits_on_cuda_and_a_one_ulp_input_is_told_
         bits(nudged).view(-1)[int(x.abs().argmax())] += 1
         apart += int((bits(exact_nf4.nf4_gemv(nudged, [module])[0]) != bits(theirs)).sum())
     assert differ == 0
-    assert apart > 0 and len(seen) > n  # the outputs vary, and one input one ulp up shows
+    # the outputs vary (bf16 holds about 4,000 values in their range, so not one per row of a tall layer), and one
+    # input one ulp up shows
+    assert apart > 0 and len(seen) > min(n, 512)
 
 
 @pytest.mark.parametrize("sizes", [[2048, 512, 512], [10240, 10240]], ids=["q-k-v", "gate-up"])
