@@ -36,8 +36,10 @@ SUMMED_AS = "0.50."  # the bitsandbytes releases whose SIMT kernel sums in this 
 GROUP = 1024  # K elements a warp takes per step: 32 lanes x 32 weights (NUM_VAL, K_STRIDE in gemm_4bit_simt.cu)
 LANES = 32
 NESTED_BLOCK = 256  # bitsandbytes' gemm_4bit takes nested scales only with state2.blocksize 256
-# rows per program, warps, and the tile's layout: tools/nf4_gemv_probe.py times the choices (the bits are the same)
-ROWS, WARPS, LANES_FIRST, PACKED = 32, 4, True, True
+# rows per program, warps, and the tile's layout: tools/nf4_gemv_probe.py times the choices (the bits are the same).
+# bitsandbytes' own geometry, a warp per row and four rows a block: enough warps in flight for a 2,560-row layer (32
+# rows a program left 80 programs for an H200's 132 SMs, and the kernel at 330 GB/s: decode-gemv's profile)
+ROWS, WARPS, LANES_FIRST, PACKED = 4, 4, False, True
 
 tl = None  # triton.language, bound by _kernel() on first use (the kernel's source names it)
 _to_bf16 = None
@@ -100,7 +102,7 @@ def _halves_summed(acc, WIDTH: tl.constexpr, ROWS: tl.constexpr, LANES_FIRST: tl
     return _add(first, second, INTERPRET)
 
 
-def _gemv_kernel(x_ptr, out_ptr, lut_ptr, lut_bits_ptr, code_ptr, words0, scales0, nested0, offset0, words1, scales1, nested1,
+def _gemv_kernel(x_ptr, out_ptr, lut_ptr, lut_pairs_ptr, code_ptr, words0, scales0, nested0, offset0, words1, scales1, nested1,
                  offset1, words2, scales2, nested2, offset2, END0, END1, N_ALL, K: tl.constexpr,
                  BLOCK_LOG2: tl.constexpr, NESTED: tl.constexpr, IS_BF16: tl.constexpr, ROWS: tl.constexpr,
                  LANES_FIRST: tl.constexpr, PACKED: tl.constexpr, INTERPRET: tl.constexpr):
@@ -109,7 +111,9 @@ def _gemv_kernel(x_ptr, out_ptr, lut_ptr, lut_bits_ptr, code_ptr, words0, scales
     Masked lanes add nothing, as its idle lanes do. ``LANES_FIRST`` lays the tile out [lane, row], so a warp's
     threads hold rows and read each x pair once for all of them; otherwise [row, lane], as bitsandbytes does.
     ``PACKED``: each byte's two weights and products as one packed bf16x2 / f16x2 operation, as bitsandbytes
-    computes them (the same roundings; not in the interpreter, which has no inline PTX)."""
+    computes them (the same roundings; not in the interpreter, which has no inline PTX); a byte's two centroids are
+    then one load from ``lut_pairs_ptr`` (256 packed pairs). K's groups are a loop, not unrolled: one body of code
+    for any K."""
     base = tl.program_id(0) * ROWS
     if LANES_FIRST:
         row = base + tl.arange(0, ROWS)[None, :]
@@ -124,7 +128,7 @@ def _gemv_kernel(x_ptr, out_ptr, lut_ptr, lut_bits_ptr, code_ptr, words0, scales
     scales = tl.where(first, scales0, tl.where(second, scales1, scales2))
     local = tl.where(first, row, tl.where(second, row - END0, row - END1))  # the row inside its own weight
     live_row = row < N_ALL
-    for group in tl.static_range((K + 1023) // 1024):
+    for group in tl.range(0, (K + 1023) // 1024):
         inner = group * 1024 + lane * 32  # this lane's first K index
         on = live_row & (inner < K)
         block = local * (K >> BLOCK_LOG2) + (inner >> BLOCK_LOG2)
@@ -147,7 +151,7 @@ def _gemv_kernel(x_ptr, out_ptr, lut_ptr, lut_bits_ptr, code_ptr, words0, scales
                 byte = (word >> (8 * s)) & 0xFF
                 x_pair = tl.load(x_ptr + inner // 2 + 4 * w + s, mask=a_on, other=0)
                 if PACKED:  # the high nibble is the lower K index: the pair's low half, as x's
-                    weights = tl.load(lut_bits_ptr + (byte >> 4)) | (tl.load(lut_bits_ptr + (byte & 0xF)) << 16)
+                    weights = tl.load(lut_pairs_ptr + byte)
                     low, high = _halves(_mul2(_mul2(weights, scale2, IS_BF16), x_pair, IS_BF16), IS_BF16)
                 else:
                     a_low, a_high = _halves(x_pair, IS_BF16)
@@ -247,9 +251,13 @@ def _lut(state, dtype: torch.dtype) -> torch.Tensor:
     return state.code.float().to(dtype).float().contiguous()
 
 
-def _lut_bits(state, dtype: torch.dtype) -> torch.Tensor:
-    """The same centroids' 16 bits, each in the low half of an int32."""
-    return (state.code.float().to(dtype).view(torch.int16).to(torch.int32) & 0xFFFF).contiguous()
+def _lut_pairs(state, dtype: torch.dtype) -> torch.Tensor:
+    """For each byte, its two centroids' 16 bits packed in an int32: the high nibble's (the lower K index) in the
+    low half, as x's pairs are packed."""
+    bits = state.code.float().to(dtype).view(torch.int16).long() & 0xFFFF
+    byte = torch.arange(256, device=bits.device)
+    pairs = bits[byte >> 4] | (bits[byte & 0xF] << 16)
+    return torch.where(pairs >= 2 ** 31, pairs - 2 ** 32, pairs).to(torch.int32).contiguous()  # the same 32 bits
 
 
 def gemv_eager(x: torch.Tensor, module) -> torch.Tensor:
@@ -308,7 +316,7 @@ class _Weights:
 
     def lut(self, dtype):
         if dtype not in self.luts:
-            self.luts[dtype] = _lut(self.state, dtype), _lut_bits(self.state, dtype)
+            self.luts[dtype] = _lut(self.state, dtype), _lut_pairs(self.state, dtype)
         return self.luts[dtype]
 
 
@@ -367,9 +375,9 @@ def _launch(x: torch.Tensor, modules: list) -> list:
     for w in held + [held[-1]] * (3 - len(held)):  # unused weight slots repeat the last: no row reaches them
         arguments += [w.words, w.scales, w.quantized if nested else w.words, w.offset if nested else w.scales]
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    lut, lut_bits = held[0].lut(x.dtype)
+    lut, lut_pairs = held[0].lut(x.dtype)
     _kernel(interpret)[(-(-total // ROWS),)](
-        x.view(torch.int32), out, lut, lut_bits, held[0].code if nested else held[0].scales, *arguments,
+        x.view(torch.int32), out, lut, lut_pairs, held[0].code if nested else held[0].scales, *arguments,
         ends[0], ends[1], total, K=held[0].k, BLOCK_LOG2=held[0].blocksize.bit_length() - 1, NESTED=nested,
         IS_BF16=x.dtype == torch.bfloat16, ROWS=ROWS, LANES_FIRST=LANES_FIRST, PACKED=packs(x) and not interpret,
         INTERPRET=interpret, num_warps=WARPS, enable_fp_fusion=False)

@@ -57,7 +57,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import cards, decoding, exact_layer, exact_norm, loading, models, placement, quantization
+from helpers import cards, decoding, exact_layer, exact_nf4, exact_norm, loading, models, placement, quantization
 from helpers.errors import CourseError
 from helpers.host_memory import PeakSampler, peak_rss_bytes
 from helpers.long_context import DEFAULT_CHUNK, LongContext, longest_prompt
@@ -342,6 +342,9 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
             record["norms_fused"] = {"fused": len(tuned.fused_norms.modules), "of": len(exact_norm.norm_modules(model))}
         if tuned.fused_layers is not None:  # likewise for the decoder layers whose block ends were joined
             record["layers_fused"] = {"fused": len(tuned.fused_layers.modules), "of": len(exact_layer.layer_modules(model))}
+        if decode in FUSED_GEMV_MODES:  # the kernel's geometry: its speed depends on it, its bits do not
+            record["gemv_tile"] = dict(zip(("rows", "warps", "lanes_first", "packed"), (
+                exact_nf4.ROWS, exact_nf4.WARPS, exact_nf4.LANES_FIRST, exact_nf4.PACKED)))
         graphs = tuned.graphs
 
         def run(keep_logits: bool):

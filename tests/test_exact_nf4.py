@@ -196,7 +196,7 @@ def test_a_sibling_takes_the_joined_output_only_for_the_very_input_it_was_made_f
 
 def kernel_signature(dtype: str = "bf16") -> dict:
     """The kernel's runtime arguments by type, for compiling it without a GPU."""
-    signature = {"x_ptr": "*i32", "out_ptr": f"*{dtype}", "lut_ptr": "*fp32", "lut_bits_ptr": "*i32", "code_ptr": "*fp32"}
+    signature = {"x_ptr": "*i32", "out_ptr": f"*{dtype}", "lut_ptr": "*fp32", "lut_pairs_ptr": "*i32", "code_ptr": "*fp32"}
     for i in range(3):
         signature.update({f"words{i}": "*i32", f"scales{i}": "*fp32", f"nested{i}": "*u8", f"offset{i}": "*fp32"})
     return {**signature, "END0": "i32", "END1": "i32", "N_ALL": "i32"}
@@ -222,6 +222,29 @@ def test_the_kernel_compiles_for_an_h100_with_no_fma_but_the_nested_scales_one()
         assert re.findall(r"\badd\.ftz\.f32", ptx) and not re.findall(r"\badd(\.rn)?\.f32", ptx)
         # packed: two bf16x2 products per byte, each one rounding (an fma with -0); otherwise cvt.rn to bf16
         assert bool(re.findall(r"\bfma\.rn\.bf16x2", ptx)) == packed and re.findall(r"cvt\.rn\.bf16", ptx)
+
+
+def test_the_kernel_is_one_loop_over_k_not_an_unrolled_body_that_grows_with_the_layer():
+    """K's groups unrolled made the down projection's kernel (K 10,240) ten copies of the body: slow to build on
+    the first decode, and more code than the GPU's instruction cache holds. A loop keeps one body for any K."""
+    kernel = compiled_kernel()
+    sizes = {k: len(ptx_for(kernel, kernel_signature(), kernel_constants(K=k, PACKED=True))) for k in (2560, 10240)}
+    assert sizes[10240] < 1.1 * sizes[2560], sizes
+    body = ptx_for(kernel, kernel_signature(), kernel_constants(K=2560, PACKED=True))
+    assert len(re.findall(r"\bfma\.rn\.bf16x2", body)) == 2 * 16  # one group's 16 bytes, two products each
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_each_bytes_packed_centroid_pair_puts_the_high_nibble_in_the_low_half_as_x_is_packed(dtype):
+    """The packed path loads a byte's two centroids at once: the high nibble is the lower K index, so its centroid
+    goes where x's lower element is (the low 16 bits). Swapped halves would multiply each weight by the wrong x."""
+    state = nf4_linear(8, 256, dtype=dtype).weight.quant_state
+    pairs = exact_nf4._lut_pairs(state, dtype)
+    centroids = exact_nf4._lut(state, dtype).to(dtype).view(torch.int16).long() & 0xFFFF
+    byte = torch.arange(256)
+    assert torch.equal(pairs.long() & 0xFFFF, centroids[byte >> 4])
+    assert torch.equal((pairs.long() >> 16) & 0xFFFF, centroids[byte & 0xF])
+    assert not torch.equal(centroids[byte >> 4], centroids[byte & 0xF])  # the control: the halves differ
 
 
 @pytest.mark.parametrize("arch,dtype", [(75, "fp16"), (75, "bf16"), (86, "bf16"), (89, "bf16"), (89, "fp16")],
