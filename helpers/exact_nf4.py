@@ -93,6 +93,13 @@ def _flushed(v):
     return tl.where(tl.abs(v) < 1.1754943508222875e-38, v * 0.0, v)
 
 
+def _quarter(v, INDEX: tl.constexpr):
+    """Element ``INDEX`` of ``v``'s last axis of 4, that axis dropped (``tl.split`` halves a last axis of 2)."""
+    low, high = tl.split(tl.reshape(v, v.shape[:-1] + [2, 2]))  # index 2 * i + j: low holds j = 0, high j = 1
+    even, odd = tl.split(low if INDEX % 2 == 0 else high)
+    return even if INDEX // 2 == 0 else odd
+
+
 def _halves_summed(acc, WIDTH: tl.constexpr, ROWS: tl.constexpr, LANES_FIRST: tl.constexpr, INTERPRET: tl.constexpr):
     """Lane i plus lane i + WIDTH for i < WIDTH: one step of __shfl_down's tree over the lane axis."""
     if LANES_FIRST:  # [2 * WIDTH, ROWS] -> [WIDTH, ROWS]
@@ -145,11 +152,19 @@ def _gemv_kernel(x_ptr, out_ptr, lut_ptr, lut_pairs_ptr, code_ptr, words0, scale
             scale_bits = _bits16(scale, IS_BF16)
             scale2 = scale_bits | (scale_bits << 16)
         a_on = inner < K
-        for w in tl.static_range(4):  # the lane's 16 bytes as four little-endian words
-            word = tl.load(words + local * (K // 8) + inner // 8 + w, mask=on, other=0)
+        # the lane's 16 bytes as four little-endian words, and its 32 inputs as 16 pairs: one 16-byte load for the
+        # weights (as bitsandbytes reads them) and four for x, split apart in registers
+        quad = tl.arange(0, 4)[None, None, :]
+        word_quad = tl.load((words + local * (K // 8) + inner // 8)[:, :, None] + quad, mask=on[:, :, None], other=0)
+        x_quads = tl.load((x_ptr + inner // 2)[:, :, None] + tl.arange(0, 16)[None, None, :], mask=a_on[:, :, None],
+                          other=0)
+        x_by_s = tl.permute(tl.reshape(x_quads, [x_quads.shape[0], x_quads.shape[1], 4, 4]), (0, 1, 3, 2))
+        for w in tl.static_range(4):
+            word = _quarter(word_quad, w)
+            x_of_word = _quarter(x_by_s, w)  # the pairs 4w .. 4w + 3
             for s in tl.static_range(4):
                 byte = (word >> (8 * s)) & 0xFF
-                x_pair = tl.load(x_ptr + inner // 2 + 4 * w + s, mask=a_on, other=0)
+                x_pair = _quarter(x_of_word, s)
                 if PACKED:  # the high nibble is the lower K index: the pair's low half, as x's
                     weights = tl.load(lut_pairs_ptr + byte)
                     low, high = _halves(_mul2(_mul2(weights, scale2, IS_BF16), x_pair, IS_BF16), IS_BF16)
@@ -186,6 +201,7 @@ def _kernel(interpret: bool):
     globals()["_flushed"] = triton.jit(_flushed)
     globals()["_add"] = triton.jit(_add)
     globals()["_halves_summed"] = triton.jit(_halves_summed)
+    globals()["_quarter"] = triton.jit(_quarter)
     return triton.jit(_gemv_kernel)
 
 

@@ -123,17 +123,20 @@ def run_interpreted(script: str, *args: str, missing: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def ptx_for(kernel, signature: dict, constants: dict, fusion: bool = False, arch: int = 90) -> str:
+def ptx_for(kernel, signature: dict, constants: dict, fusion: bool = False, arch: int = 90, aligned: bool = False) -> str:
     """The PTX Triton makes of a jitted ``kernel`` for a GPU of compute capability ``arch`` (90: an H100), compiled
     here without a GPU and assembled by Triton's ptxas: ``signature`` names each runtime argument's type,
-    ``constants`` the constexpr values; ``fusion``: enable_fp_fusion."""
+    ``constants`` the constexpr values; ``fusion``: enable_fp_fusion; ``aligned``: every pointer 16-byte aligned, as
+    Triton's launcher tells the compiler when it is so on the GPU."""
     pytest.importorskip("triton", reason="triton is not installed")
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    pointers = [name for name, kind in signature.items() if kind.startswith("*")] if aligned else []
     source = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constants, "constexpr")},
-                       constexprs={(kernel.arg_names.index(k),): v for k, v in constants.items()})
+                       constexprs={(kernel.arg_names.index(k),): v for k, v in constants.items()},
+                       attrs={(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in pointers})
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": fusion})
     assert compiled.asm["cubin"]  # ptxas took it for this architecture
     return compiled.asm["ptx"]

@@ -234,6 +234,15 @@ def test_the_kernel_is_one_loop_over_k_not_an_unrolled_body_that_grows_with_the_
     assert len(re.findall(r"\bfma\.rn\.bf16x2", body)) == 2 * 16  # one group's 16 bytes, two products each
 
 
+def test_a_lanes_sixteen_weight_bytes_are_one_16_byte_load_as_bitsandbytes_reads_them():
+    """Four 4-byte loads a lane, 16 bytes apart across the warp, use a quarter of each memory transaction; one
+    vector load (Triton emits it where it can prove the pointers 16-byte aligned, as its launcher does on a GPU)."""
+    aligned = ptx_for(compiled_kernel(), kernel_signature(), kernel_constants(PACKED=True), aligned=True)
+    assert len(re.findall(r"\bld\.global(\.\w+)*\.v4\.b32", aligned)) == 1
+    unknown = ptx_for(compiled_kernel(), kernel_signature(), kernel_constants(PACKED=True))  # the control
+    assert not re.findall(r"\bld\.global(\.\w+)*\.v4", unknown)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_each_bytes_packed_centroid_pair_puts_the_high_nibble_in_the_low_half_as_x_is_packed(dtype):
     """The packed path loads a byte's two centroids at once: the high nibble is the lower K index, so its centroid
