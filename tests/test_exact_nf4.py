@@ -5,13 +5,13 @@ tests/gpu/test_exact_nf4_gpu.py checks the kernel against bitsandbytes' own on C
 import importlib.util
 import re
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import ptx_for, run_interpreted, tool
 
 from helpers import decoding, exact_nf4
+from helpers.paths import DATA_DIR
 
 bnb = pytest.importorskip("bitsandbytes")
 
@@ -90,7 +90,7 @@ def test_the_simt_order_is_the_dequantized_product_summed_in_another_order(neste
 
 
 # bitsandbytes on a GPU: python tools/nf4_gemv_probe.py --quick --out DIR writes it
-FIXTURE = Path(__file__).resolve().parents[1] / "data" / "gpu-tier" / "nf4-gemv-fixture.json"
+FIXTURE = DATA_DIR / "bitsandbytes" / "nf4-gemv-fixture.json"
 
 
 @pytest.mark.parametrize("key", ["bfloat16", "bfloat16-nested", "float16", "float16-nested"])
