@@ -23,7 +23,7 @@ LLAMA_CPP_SDIST := $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
 LLAMA_CPP_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
 export LLAMA_CPP_SOURCE := $(CURDIR)/$(LLAMA_CPP_DIR)/llama.cpp
 
-.PHONY: bench install lint llama-cpp test test-mutations test-cpu test-kernels test-notebooks test-matrix test-colab classroom-load browser-check docs test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards test-gpu-sweep course lab gpu-wheels clean
+.PHONY: bench install lint llama-cpp test test-mutations test-cpu test-kernels test-triton test-notebooks test-matrix test-colab classroom-load browser-check docs test-gpu test-gpu-tier test-gpu-notebooks test-gpu-cards test-gpu-sweep course lab gpu-wheels clean
 
 $(VENV)/.installed: requirements.txt requirements-local.txt requirements-dev.txt pyproject.toml helpers/course.py
 	@# the same set-up as `python -m helpers.course setup --dev` from PowerShell: a CUDA torch where nvidia-smi
@@ -50,7 +50,7 @@ $(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON): $(VENV)/.installed
 	touch $@
 
 ## make test: every tier this machine can run
-test: install lint llama-cpp test-cpu test-kernels test-notebooks test-matrix test-mutations test-colab
+test: install lint llama-cpp test-cpu test-kernels test-triton test-notebooks test-matrix test-mutations test-colab
 	@if [ -n "$(HAS_CUDA)" ]; then $(MAKE) --no-print-directory test-gpu PYTHON_GPU=$(PY); fi
 
 lint: install
@@ -62,6 +62,15 @@ test-mutations: install
 
 test-cpu: install
 	$(PY) -m pytest tests -ra
+
+## make test-triton: the Triton kernels' tests (their bits in Triton's interpreter, their PTX for each learner's
+## card) with triton installed beside the CPU venv, at the version PyTorch's CUDA wheel of the GPU tier brings
+TRITON_VERSION ?= 3.6.0
+TRITON_SITE ?= .cache/triton-$(TRITON_VERSION)
+TRITON_TESTS ?= tests/test_exact_nf4.py tests/test_exact_norm.py tests/test_exact_rotary.py tests/test_exact_layer.py
+test-triton: install
+	@[ -d $(TRITON_SITE)/triton ] || $(PY) -m pip install -q --no-deps --target $(TRITON_SITE) "triton==$(TRITON_VERSION)"
+	COURSE_TRITON_TIER=1 PYTHONPATH=$(TRITON_SITE) $(PY) -m pytest -q -p no:cacheprovider $(TRITON_TESTS)
 
 ## make test-kernels: the numerics, decoding and same-bytes tests again under other CPUs' kernels (PyTorch's
 ## ATEN_CPU_CAPABILITY picks the vector kernels of an older instruction set on this machine)
