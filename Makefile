@@ -68,8 +68,11 @@ test-cpu: install
 TRITON_VERSION ?= 3.6.0
 TRITON_SITE ?= .cache/triton-$(TRITON_VERSION)
 TRITON_TESTS ?= tests/test_exact_nf4.py tests/test_exact_norm.py tests/test_exact_rotary.py tests/test_exact_layer.py
-test-triton: install
-	@[ -d $(TRITON_SITE)/triton ] || $(PY) -m pip install -q --no-deps --target $(TRITON_SITE) "triton==$(TRITON_VERSION)"
+$(TRITON_SITE)/.installed:
+	$(PY) -m pip install -q --no-deps --upgrade --target $(TRITON_SITE) "triton==$(TRITON_VERSION)"
+	touch $@
+
+test-triton: install $(TRITON_SITE)/.installed
 	COURSE_TRITON_TIER=1 PYTHONPATH=$(TRITON_SITE) $(PY) -m pytest -q -p no:cacheprovider $(TRITON_TESTS)
 
 ## make test-kernels: the numerics, decoding and same-bytes tests again under other CPUs' kernels (PyTorch's

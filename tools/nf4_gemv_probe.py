@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 import torch  # noqa: E402
 
 from helpers import exact_nf4  # noqa: E402
+from helpers.paths import write_text_atomically  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "data" / "configs" / "gemma-4-E4B-it.config.json"
 # (rows per program, warps, lanes first, packed)
@@ -188,11 +189,11 @@ def main() -> None:
     record.update(bitsandbytes=bitsandbytes.__version__, triton=triton.__version__)
     import bitsandbytes as _bnb
 
-    (args.out / "nf4-gemv-fixture.json").write_text(json.dumps({**fixture(), "bitsandbytes": _bnb.__version__}))
+    write_text_atomically(args.out / "nf4-gemv-fixture.json", json.dumps({**fixture(), "bitsandbytes": _bnb.__version__}))
     record["bits"] = {} if args.quick else check(shapes, args.samples)
-    (args.out / "nf4-gemv-probe.json").write_text(json.dumps(record, indent=1))
+    write_text_atomically(args.out / "nf4-gemv-probe.json", json.dumps(record, indent=1))
     def keep(found):
-        (args.out / "nf4-gemv-probe.json").write_text(json.dumps({**record, "timings": found}, indent=1))
+        write_text_atomically(args.out / "nf4-gemv-probe.json", json.dumps({**record, "timings": found}, indent=1))
 
     quick = ("q k v", "gate up", "down", "o", "per-layer-gate", "per-layer-projection")
     record["timings"] = timings(shapes, quick if args.quick else None, keep)

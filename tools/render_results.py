@@ -880,8 +880,7 @@ def fused_step_headline() -> list:
             recorded.append((fused["decode_tokens_per_s"] / graphs["decode_tokens_per_s"], preset, fused, graphs, what))
     if not recorded:
         return []
-    chosen = max(recorded, key=lambda found: found[0])[1:]
-    preset, fused, graphs, what = chosen
+    _, preset, fused, graphs, what = max(recorded, key=lambda found: found[0])
     same = fused.get("identity") or {}
     verdict = f"identical over {same['steps']} steps" if same.get("identical") else "NOT identical"
     return [f"- **Decoding without the host in the loop:** {fused['decode_tokens_per_s']} tokens/s with {what}, "
