@@ -38,6 +38,32 @@ def test_the_gpu_workflow_runs_make_test_gpu_on_a_self_hosted_gpu_runner():
 
 
 
+def test_a_notebook_run_again_on_another_gpu_does_not_relabel_the_machine_of_the_notebooks_it_left(tmp_path, monkeypatch):
+    tool = _tool("run_course")
+    monkeypatch.setattr(tool, "COURSE_RUNS_DIR", tmp_path)
+    run = {"model": "e4b-shape", "card_gb": 8.0}
+    tool.record([("00_setup.ipynb", "ok", 3.0, ""), ("09_x.ipynb", "ok", 9.0, "")], {**run, "id": "a", "device": "GPU one"}, "c1")
+    path = tool.record([("09_x.ipynb", "ok", 8.0, "")], {**run, "id": "b", "device": "GPU two"}, "c2")
+    notebooks = json.loads(path.read_text())["notebooks"]
+    assert {name: (e["run"], e["device"]) for name, e in notebooks.items()} == {
+        "00_setup.ipynb": ("a", "GPU one"), "09_x.ipynb": ("b", "GPU two")}
+
+
+def test_a_course_run_record_in_the_old_one_machine_format_is_refused_not_silently_mixed(tmp_path, monkeypatch):
+    tool = _tool("run_course")
+    monkeypatch.setattr(tool, "COURSE_RUNS_DIR", tmp_path)
+    (tmp_path / "tiny-cpu.json").write_text(json.dumps({"device": "CPU", "model": "tiny", "notebooks": {}}))
+    with pytest.raises(SystemExit, match="older format"):
+        tool.record([("00_setup.ipynb", "ok", 1.0, "")], {"model": "tiny", "card_gb": None, "id": "c", "device": "CPU"}, "c")
+
+
+def test_every_committed_course_run_record_names_the_machine_of_each_notebook():
+    for path in (ROOT / "data" / "course-runs").glob("*.json"):
+        record = json.loads(path.read_text())
+        assert record["schema"] == _tool("run_course").COURSE_RUN_SCHEMA, path.name
+        assert all(entry["device"] and entry["platform"] for entry in record["notebooks"].values()), path.name
+
+
 def test_a_notebook_with_one_failing_cell_is_recorded_as_failed_with_the_run_date(tmp_path):
     junit = tmp_path / "run.xml"
     junit.write_text(

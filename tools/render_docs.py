@@ -43,8 +43,8 @@ def agenda() -> list:
     runs = [json.loads(p.read_text()) for p in sorted(COURSE_RUNS_DIR.glob("*.json"))]
     gpu = json.loads((GPU_TIER_DIR / "notebooks-e4b-shape.json").read_text())
     cards = ["8 GB", "15 GB", "uncapped"]
-    columns = [f"`{run['model']}` on {run['device']}" + (f" capped to {run['card_gb']:g} GB" if run.get("card_gb") else "")
-               for run in runs] + [
+    columns = [f"`{run['model']}` on {' / '.join(sorted({e['device'] for e in run['notebooks'].values()}))}"
+               + (f" capped to {run['card_gb']:g} GB" if run.get("card_gb") else "") for run in runs] + [
         f"`e4b-shape`, {card if card != 'uncapped' else 'whole'} {'card' if card != 'uncapped' else 'H200'}" for card in cards]
     lines = ["| notebook | what it teaches | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     totals = [0.0] * len(columns)
@@ -65,12 +65,12 @@ def agenda() -> list:
     for run in runs:
         by_command: dict = {}
         for name, entry in sorted(run["notebooks"].items()):
-            key = (entry["command"].split(" notebooks/")[0], entry["date"], entry["load_average_at_start"],
-                   entry["versions"]["transformers"])
+            key = (entry["command"].split(" notebooks/")[0], entry["date"], entry["platform"], entry["device"],
+                   entry["load_average_at_start"], entry["versions"]["transformers"])
             by_command.setdefault(key, []).append(name[:2])
-        sources += [f"`{run['model']}` {', '.join(numbers)}: `{command} notebooks/<notebook>` on {date} ({run['platform']}, "
-                    f"{run['device']} shared with other work, load average {load} at the start; transformers {tf})"
-                    for (command, date, load, tf), numbers in by_command.items()]
+        sources += [f"`{run['model']}` {', '.join(numbers)}: `{command} notebooks/<notebook>` on {date} ({platform}, "
+                    f"{device} shared with other work, load average {load} at the start; transformers {tf})"
+                    for (command, date, platform, device, load, tf), numbers in by_command.items()]
     entries = [e for card in gpu["cards"].values() for e in card.values()]
     first = entries[0]
     sources.append(f"`e4b-shape`: `{first['command'].replace('CARD_GB=15 ', 'CARD_GB=<card> ')}` on {first['gpu']}, "

@@ -771,7 +771,7 @@ def render_committed_outputs() -> str:
         record, first = entry
         card = f"capped to {record['card_gb']:g} GB (`CARD_GB`)" if record.get("card_gb") else "with no card simulated"
         versions = ", ".join(f"{name} {first['versions'][name]}" for name in ("torch", "transformers", "bitsandbytes"))
-        lines.append(f"- notebooks {shown}: run `{run_id}`, `{record['model']}` on {record['device']} {card}, "
+        lines.append(f"- notebooks {shown}: run `{run_id}`, `{record['model']}` on {first['device']} {card}, "
                      f"{first['date']}; {versions}. `{first['command'].split(' notebooks/')[0]} notebooks/*.ipynb`")
     return "\n".join(lines)
 

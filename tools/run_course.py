@@ -119,9 +119,12 @@ def prune_widget_state(nb) -> int:
     return len(stale)
 
 
+COURSE_RUN_SCHEMA = 2  # 2: the machine (device, RAM, platform) is in each notebook's entry, not once per file
+
+
 def record(results: list, course_run: dict, command: str) -> Path:
-    """Seconds per notebook, with the machine they were measured on: what the instructor guide renders. Notebooks
-    run again replace their own entries; the others keep theirs, each with the run it came from."""
+    """Seconds per notebook, each entry with the run and the machine it was measured on: what the instructor guide
+    renders. Notebooks run again replace their own entries; the others keep theirs, machine and all."""
     import platform
     from importlib.metadata import version
 
@@ -133,10 +136,14 @@ def record(results: list, course_run: dict, command: str) -> Path:
     kind = "cpu" if course_run["device"].startswith("CPU") else "cuda"
     COURSE_RUNS_DIR.mkdir(parents=True, exist_ok=True)
     path = COURSE_RUNS_DIR / f"{model}-{kind}{f'-{card:g}gb' if card else ''}.json"
-    entry = json.loads(path.read_text()) if path.is_file() else {"notebooks": {}}
-    entry.update({"model": model, "device": course_run["device"], "card_gb": card, "ram_bytes": psutil.virtual_memory().total,
-                  "platform": f"{platform.system()} {platform.machine()}"})
+    entry = json.loads(path.read_text()) if path.is_file() else {"schema": COURSE_RUN_SCHEMA, "notebooks": {}}
+    if entry.get("schema") != COURSE_RUN_SCHEMA:
+        raise SystemExit(f"{path} is in an older format (schema {entry.get('schema', 1)}, not {COURSE_RUN_SCHEMA}): "
+                         "convert it once, each notebook's entry taking the file's device, RAM and platform")
+    entry.update({"schema": COURSE_RUN_SCHEMA, "model": model, "card_gb": card})
     run = {"date": datetime.date.today().isoformat(), "command": command, "run": course_run["id"],
+           "device": course_run["device"], "ram_bytes": psutil.virtual_memory().total,
+           "platform": f"{platform.system()} {platform.machine()}",
            "load_average_at_start": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
            "versions": {name: version(name) for name in ("torch", "transformers", "accelerate", "bitsandbytes", "huggingface_hub")}}
     for name, status, seconds, _ in results:
