@@ -100,17 +100,23 @@ def explorer(model):
                       "Showing the text tree instead.", stacklevel=2)
         return tree(model, max_depth=3)
 
-    sizes = module_sizes(model)
+    # the tree as plain names: the widgets live in ipywidgets' registry until closed, and a model their
+    # callbacks held would stay on the GPU after `del model`
+    sizes, root = module_sizes(model), type(model).__name__
+    kids: dict = defaultdict(list)
+    for full, module in model.named_modules():
+        if full:
+            parent, _, name = full.rpartition(".")
+            kids[parent].append((name, type(module).__name__))
     path = widgets.Text(value="", description="module", disabled=True, layout=widgets.Layout(width="80%"))
     children = widgets.Select(rows=14, layout=widgets.Layout(width="80%"))
 
     def show(prefix: str) -> None:
-        module = model.get_submodule(prefix) if prefix else model
         options = [("..", "..")] if prefix else []
-        for name, child in module.named_children():
+        for name, kind in kids[prefix]:
             full = f"{prefix}.{name}" if prefix else name
-            options.append((f"{name}: {type(child).__name__}  {human_bytes(sizes.get(full, 0))}", full))
-        path.value = prefix or f"({type(model).__name__})"
+            options.append((f"{name}: {kind}  {human_bytes(sizes.get(full, 0))}", full))
+        path.value = prefix or f"({root})"
         children.unobserve(on_pick, names="value")
         children.options = options
         children.value = None

@@ -18,6 +18,7 @@ import json
 import re
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -532,7 +533,7 @@ class Turn:
         self.max_new_tokens = _check_new_tokens(max_new_tokens)
         self.signal = StopSignal()
         self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning")
-        self.stop_button.on_click(lambda _: self.stop())
+        self.stop_button.on_click(lambda _, stop=self.signal.event: stop.set())  # holds no Turn: see _run
         self.text_area = widgets.HTML()
         self.status = widgets.Label("writing")
         self.widget = widgets.VBox([widgets.HBox([self.stop_button, self.status]), self.text_area])
@@ -583,6 +584,7 @@ class Turn:
             self.status.value = f"failed: {type(err).__name__}: {err}"
         finally:
             self.stop_button.disabled = True
+            self.chat = None  # a finished turn, kept in a variable or a widget, does not keep the model loaded
             self._done.set()
 
 
@@ -616,6 +618,7 @@ class Chat:
         below it with its own Stop button, and the history grows as with ``ask``. Returns the widget."""
         import ipywidgets as widgets
 
+        chat = weakref.ref(self)  # the widgets outlive `del session, model` in ipywidgets' registry; they must not keep it
         transcript = widgets.VBox()
         text = widgets.Text(placeholder="Ask the model, then press Enter", continuous_update=False,
                             layout=widgets.Layout(width="70%"))
@@ -626,8 +629,12 @@ class Chat:
             message = text.value.strip()
             if not message:
                 return
+            session = chat()
+            if session is None:
+                status.value = "This chat has ended: its model was deleted. Start a new Chat to go on."
+                return
             try:
-                turn = self.ask(message, display=False)
+                turn = session.ask(message, display=False)
             except CourseError as error:  # a reply still being written, a message the template cannot take
                 status.value = str(error)
                 return

@@ -58,6 +58,35 @@ def test_the_explorer_walks_down_and_back_up(tiny_nf4):
     assert path.value == "model"
 
 
+def test_the_explorer_widget_does_not_keep_a_deleted_model_alive(tiny_path):
+    import gc
+    import weakref
+
+    model = loading.load_model("tiny", quant="bf16", ple="cpu", device="cpu")
+    box, gone = anatomy.explorer(model), weakref.ref(model)
+    box.children[1].value = "model"  # a walk down reads the recorded tree, not the model
+    del model
+    gc.collect()
+    assert gone() is None, "the widget (alive in ipywidgets' registry) holds the model: its memory is not given back"
+    assert any("language_model" in label for label, _ in box.children[1].options)
+
+
+def test_a_widget_that_holds_the_model_is_caught_by_the_weakref_check(tiny_path):
+    """The control: a callback that closes over the model keeps it alive, and the check above says so."""
+    import gc
+    import weakref
+
+    import ipywidgets as widgets
+
+    model = loading.load_model("tiny", quant="bf16", ple="cpu", device="cpu")
+    button, gone = widgets.Button(), weakref.ref(model)
+    button.on_click(lambda _, held=model: held.eval())
+    del model
+    gc.collect()
+    assert gone() is not None
+    button.close()
+
+
 def test_without_ipywidgets_the_explorer_names_the_fix_and_shows_the_text_tree(tiny_nf4, monkeypatch):
     import builtins
 

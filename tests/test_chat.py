@@ -329,6 +329,23 @@ def test_the_chat_box_sends_what_the_learner_types_and_streams_each_reply_under_
     assert len(session.history) == 4 and len(box.transcript.children) == 4
 
 
+def test_a_chat_box_and_its_finished_turns_do_not_keep_a_deleted_model_alive(tiny_path, processor):
+    import gc
+    import weakref
+
+    model = loading.load_model(tiny_path, quant="bf16", ple="cpu", device="cpu")
+    session = chat.Chat(model, processor, sampling=chat.Sampling.greedy(), max_new_tokens=4)
+    box, gone = session.box(), weakref.ref(model)
+    box.text.value = "Hello"
+    turn = session._current
+    turn.wait()
+    del session, model  # what notebook 07's last cell does; `turn` and the widgets are still alive
+    gc.collect()
+    assert gone() is None, "the chat's widgets or its finished turn hold the model: its GPU memory is not given back"
+    box.text.value = "Still there?"
+    assert "ended" in box.children[-1].value and turn.done
+
+
 PUBLISHED = json.loads((CHAT_DIR / "published-templates.json").read_text())
 CASES = PUBLISHED["cases"]
 

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 RUN_COURSE = _tool("run_course")  # the tool that saves the outputs also prunes the widgets none shows
-NOISE = ("kernels-community", "Unhandled exception", "Traceback (most recent call last)")
+NOISE = ("kernels-community", "Unhandled exception", "Traceback (most recent call last)",
+         "GPUStillInUseNotice")  # the last: a notebook that does not give a model's memory back
 
 
 def test_the_module_tree_names_its_root_class_once():
@@ -113,6 +114,8 @@ def test_a_stale_progress_bar_and_a_library_warning_are_reported():
     cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="Failed to load CPU gemm_4bit_forward from kernels-community")]
     nb.cells.append(cell)
     assert len(stale_output(nb)) == 2
+    cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text="x.py:3: GPUStillInUseNotice: 3.89 GB is still"))
+    assert len(stale_output(nb)) == 3
 
 
 def test_the_decode_speed_chart_shows_one_labelled_bar_per_timed_mode_and_names_the_bandwidth_limit():
