@@ -228,6 +228,21 @@ def presets() -> dict:
                         _decode(name="host-free-fused-gemv-nudged", decode="host-free-fused-gemv",
                                 route="ple-cpu-nudged", reference="generate-static", control=True)],
         "decode-gemv-8gb": [_decode(name="host-free-fused-gemv-8gb", decode="host-free-fused-gemv", card_gb=8)],
+        # issue 31's modes, each beside the CUDA-graph step of its own run (one device call each): plain generate and
+        # the fused step with its control; then the fused step under the 8 GB cap and on bf16 (Inductor on the
+        # host-free step is decode-host-free-inductor's)
+        "decode-goal": [_decode(name="generate", decode="generate", profile=True),
+                        _decode(name="generate-static", decode="generate-static"),
+                        _decode(name="cudagraphs", decode="cudagraphs", reference="generate-static", profile=True),
+                        _decode(name="host-free-fused-gemv", decode="host-free-fused-gemv", reference="generate-static",
+                                profile=True),
+                        _decode(name="host-free-fused-gemv-nudged", decode="host-free-fused-gemv",
+                                route="ple-cpu-nudged", reference="generate-static", control=True)],
+        "decode-goal-cards": [_decode(name="cudagraphs", decode="cudagraphs", profile=True),
+                              _decode(name="host-free-fused-gemv-8gb", decode="host-free-fused-gemv", card_gb=8,
+                                      profile=True),
+                              _decode(name="host-free-fused-gemv-bf16", decode="host-free-fused-gemv", quant="bf16",
+                                      profile=True)],
         # Inductor's kernels in the host-free step's own graph, held to the rounding rule, beside today's CUDA-graph
         # step of the same run (the host-free step alone is decode-host-free's)
         "decode-host-free-inductor": [_decode(name="generate-static", decode="generate-static"),

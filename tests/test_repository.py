@@ -315,6 +315,16 @@ def test_a_notebook_reads_the_very_table_docs_results_shows(name):
     assert table.rows and table.markdown() in (REPO_ROOT / "docs" / "results.md").read_text()
 
 
+def test_every_decode_run_the_results_page_renders_has_a_table_so_recording_it_cannot_break_the_page():
+    import re
+
+    from helpers import records
+
+    rendered = re.findall(r'render_step_run\(\s*"([\w-]+)"', (ROOT / "tools" / "render_results.py").read_text())
+    assert {"decode-goal", "decode-goal-cards", "decode-host-free-inductor"} <= set(rendered)
+    assert [name for name in rendered if name not in records.TABLES] == []
+
+
 def test_a_recorded_table_follows_the_records_it_is_built_from(tmp_path):
     # the control for the check above: one changed rate changes the table
     from helpers import records

@@ -432,7 +432,7 @@ def render_long_context_and_speed() -> str:
                       f"{row['route']} on an {row['gpu']}: about {row['decode_tokens_per_s']} tokens/s" for row in cited["rows"])
                   + f" ({cited['source']})."]
     return "\n".join(lines + render_host_free() + render_fused_norms() + render_fused_step() + render_gemv_step()
-                     + render_host_free_inductor() + render_decode_on_cards(tuned)
+                     + render_host_free_inductor() + render_goal_run() + render_decode_on_cards(tuned)
                      + render_inductor() + render_decode_elsewhere())
 
 
@@ -506,6 +506,18 @@ def render_host_free_inductor() -> list:
         "not to the bits):",
         "Inductor on top of the host-free step (`Decoder(host_free=True, compile=\"inductor\")`): not yet measured "
         "(`make bench PRESET=decode-host-free-inductor`).")
+
+
+def render_goal_run() -> list:
+    return render_step_run(
+        "decode-goal", "host-free-fused-gemv",
+        "**Issue 31's run** (plain `generate`, the CUDA-graph step, the fused step and its control, each ratio and "
+        "GPU-busy share of one run):",
+        "Issue 31's run: not yet measured (`make bench PRESET=decode-goal`).") + render_step_run(
+        "decode-goal-cards", "host-free-fused-gemv-8gb",
+        "**The fused step under the 8 GB cap and on bf16**, beside the CUDA-graph step of the same run (bf16 has no NF4 "
+        "layer to swap: its projections stay cuBLAS's):",
+        "The fused step under the 8 GB cap and on bf16: not yet measured (`make bench PRESET=decode-goal-cards`).")
 
 
 DECODE_CARDS = ("RTX 4060", "RTX 4050 Laptop", "RTX 3060", "Colab T4", "RTX 3090")
