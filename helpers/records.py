@@ -463,6 +463,20 @@ def kernels_per_step(record: dict) -> float | None:
     return ((record.get("profile") or {}).get("by_step") or {}).get("kernels")
 
 
+def kernel_time_share(record: dict) -> dict | None:
+    """How much of a decode step the GPU spends in kernels, the tracer left out: the profile's kernel time per forward
+    over the untraced step (1 / tokens per second). CUPTI's tracing adds gaps between kernels, so the profile's own
+    share (kernel time over the traced wall) reads low for steps of many short kernels. None without a decode-loop
+    profile."""
+    profile = record.get("profile") or {}
+    forwards, rate = (profile.get("by_step") or {}).get("forwards"), record.get("decode_tokens_per_s")
+    if not (forwards and rate and profile.get("device_busy_s")):
+        return None
+    kernel_ms, untraced_ms = 1e3 * profile["device_busy_s"] / forwards, 1e3 / rate
+    return {"kernel_ms": kernel_ms, "traced_ms": profile["by_step"]["wall_ms"], "untraced_ms": untraced_ms,
+            "share": kernel_ms / untraced_ms}
+
+
 def _decode_speed_inductor(directory: Path) -> Table:
     run = preset_records("decode-speed-inductor", directory=directory)
     reference = run.get("generate-static", {}).get("decode_tokens_per_s")

@@ -325,6 +325,18 @@ def test_every_decode_run_the_results_page_renders_has_a_table_so_recording_it_c
     assert [name for name in rendered if name not in records.TABLES] == []
 
 
+def test_the_kernel_share_of_the_untraced_step_sets_the_profiles_kernel_time_against_the_untimed_rate():
+    from helpers import records
+
+    profiled = {"decode_tokens_per_s": 200.0, "profile": {"device_busy_s": 0.06, "by_step": {"forwards": 15, "wall_ms": 6.0}}}
+    share = records.kernel_time_share(profiled)
+    assert share["kernel_ms"] == pytest.approx(4.0) and share["untraced_ms"] == pytest.approx(5.0)
+    assert share["share"] == pytest.approx(0.8) and share["traced_ms"] == 6.0
+    host_bound = {**profiled, "decode_tokens_per_s": 50.0}  # the same kernels in a slower step: a smaller share
+    assert records.kernel_time_share(host_bound)["share"] == pytest.approx(0.2)
+    assert records.kernel_time_share({"decode_tokens_per_s": 200.0, "profile": {"device_busy_s": 0.06, "by_step": {}}}) is None
+
+
 def test_a_recorded_table_follows_the_records_it_is_built_from(tmp_path):
     # the control for the check above: one changed rate changes the table
     from helpers import records

@@ -447,9 +447,13 @@ def render_step_run(preset: str, step: str, heading: str, not_yet: str) -> list:
     rates = {name: record.get("decode_tokens_per_s") for name, record in run.items()}
     ratio = (f" It ran {rates[step] / rates['cudagraphs']:.2f}x the CUDA-graph step of the same run."
              if rates.get(step) and rates.get("cudagraphs") else "")
+    timing = records.kernel_time_share(run.get(step, {}))
+    untraced = (f" Traced, a step of {step} took {timing['traced_ms']:.2f} ms, {timing['kernel_ms']:.2f} ms of it in "
+                f"kernels; untraced it took {timing['untraced_ms']:.2f} ms, so its kernels fill {timing['share']:.0%} of "
+                "the untraced step (the tracer's own gaps between kernels left out)." if timing else "")
     return ["", heading, "", records.table(preset).markdown(), "",
             f"Recorded by `{next(iter(run.values()))['command']}`.{ratio} The profile covers "
-            f"{records.profile_covers(next((r for r in run.values() if r.get('profile')), {}))}."]
+            f"{records.profile_covers(next((r for r in run.values() if r.get('profile')), {}))}.{untraced}"]
 
 
 def render_host_free() -> list:
