@@ -611,6 +611,12 @@ def _cited_route_comparison(directory: Path) -> Table:
     return Table(("as the seed article has it", "transformers", "llama.cpp"), rows, f"cited: {cited['source']}")
 
 
+def _cited_decode_speeds(directory: Path) -> Table:
+    cited = cited_decode_speeds(directory)
+    rows = tuple((row["route"], row["gpu"], f"about {row['decode_tokens_per_s']}") for row in cited["rows"])
+    return Table(("route (cited, not measured here)", "GPU", "tokens/s"), rows, f"cited: {cited['source']}")
+
+
 def _plain_string_outcomes(directory: Path) -> Table:
     rows = tuple((entry["transformers"], entry["processor"], entry["tokenize=False"], entry["tokenize=True"])
                  for entry in plain_string_outcomes(directory))
@@ -633,6 +639,7 @@ TABLES = {"ple-offload": (_ple_offload, GPU_TIER_DIR), "decode-by-route": (_deco
           "decode-speed-inductor": (_decode_speed_inductor, MEASUREMENTS_DIR),
           "decode-speed-elsewhere": (_decode_speed_elsewhere, MEASUREMENTS_DIR), "gguf-route": (_gguf_route, GGUF_DIR),
           "route-comparison": (_route_comparison, GGUF_DIR), "cited-route-comparison": (_cited_route_comparison, GGUF_DIR),
+          "cited-decode-speeds": (_cited_decode_speeds, CITED_DIR),
           "plain-string-outcomes": (_plain_string_outcomes, CHAT_DIR),
           "host-memory": (lambda directory: host_memory_table(directory=directory), GPU_TIER_DIR)}
 

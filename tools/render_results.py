@@ -903,7 +903,9 @@ def fused_step_headline() -> list:
             f"{fused['decode_tokens_per_s'] / graphs['decode_tokens_per_s']:.2f}x "
             f"the CUDA-graph step of the same run, logits {verdict} to `generate` with a static cache, "
             f"{fused['decode_tokens_per_s'] / fused['bandwidth_limit_tokens_per_s']:.1%} of the bandwidth limit "
-            f"(`make bench PRESET={preset}`, {fused['gpu']})."]
+            f"(`make bench PRESET={preset}`, {fused['gpu']}). Cited beside it, not measured here: "
+            + "; ".join(f"{row['route']} on an {row['gpu']}, about {row['decode_tokens_per_s']} tokens/s"
+                        for row in records.cited_decode_speeds()["rows"]) + "."]
 
 
 def render_headline() -> str:
