@@ -197,8 +197,8 @@ docs: install
 	$(PY) tools/render_results.py
 	$(PY) tools/render_docs.py
 
-## make bench PRESET=quick|memory|cards|speed|long-context|long-context-8gb|long-context-cards|long-context-small-cards|
-## decode-speed|decode-speed-inductor|decode-speed-more|decode-speed-e2b: the benchmark on a GPU (records under data/measurements/)
+## make bench PRESET=<preset>: the benchmark on a GPU (records under data/measurements/); python -m lab.bench --help
+## lists the presets (quick, memory, long-context, decode-speed, decode-goal, ...)
 ## BENCH_ARGS="--jobs 4": configurations side by side (memory figures only)
 PRESET ?= quick
 BENCH_ARGS ?=
