@@ -38,8 +38,10 @@ LANES = 32
 NESTED_BLOCK = 256  # bitsandbytes' gemm_4bit takes nested scales only with state2.blocksize 256
 # rows per program, warps, and the tile's layout: tools/nf4_gemv_probe.py times the choices (the bits are the same).
 # bitsandbytes' own geometry, a warp per row and four rows a block: enough warps in flight for a 2,560-row layer (32
-# rows a program left 80 programs for an H200's 132 SMs, and the kernel at 330 GB/s: decode-gemv's profile)
-ROWS, WARPS, LANES_FIRST, PACKED = 4, 4, False, True
+# rows a program left 80 programs for an H200's 132 SMs, and the kernel at 330 GB/s: decode-gemv's profile).
+# STAGES: the loop over K's groups software-pipelined that deep (Triton's num_stages; 3 is its CUDA default): loads
+# of later groups in flight, the sums in the same order
+ROWS, WARPS, LANES_FIRST, PACKED, STAGES = 4, 4, False, True, 3
 
 tl = None  # triton.language, bound by _kernel() on first use (the kernel's source names it)
 _to_bf16 = None
@@ -396,7 +398,7 @@ def _launch(x: torch.Tensor, modules: list) -> list:
         x.view(torch.int32), out, lut, lut_pairs, held[0].code if nested else held[0].scales, *arguments,
         ends[0], ends[1], total, K=held[0].k, BLOCK_LOG2=held[0].blocksize.bit_length() - 1, NESTED=nested,
         IS_BF16=x.dtype == torch.bfloat16, ROWS=ROWS, LANES_FIRST=LANES_FIRST, PACKED=packs(x) and not interpret,
-        INTERPRET=interpret, num_warps=WARPS, enable_fp_fusion=False)
+        INTERPRET=interpret, num_warps=WARPS, num_stages=STAGES, enable_fp_fusion=False)
     return [part.reshape(*x.shape[:-1], n) for part, n in zip(out.split(sizes), sizes)]
 
 
