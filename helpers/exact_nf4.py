@@ -42,6 +42,12 @@ NESTED_BLOCK = 256  # bitsandbytes' gemm_4bit takes nested scales only with stat
 # STAGES: the loop over K's groups software-pipelined that deep (Triton's num_stages; 3 is its CUDA default): loads
 # of later groups in flight, the sums in the same order
 ROWS, WARPS, LANES_FIRST, PACKED, STAGES = 4, 4, False, True, 3
+TILE_KNOBS = ("ROWS", "WARPS", "LANES_FIRST", "PACKED", "STAGES")  # the settings above, which the probe varies
+
+
+def tile() -> dict:
+    """The kernel's geometry now, as a record keeps it: its speed depends on it, its bits do not."""
+    return {knob.lower(): globals()[knob] for knob in TILE_KNOBS}
 
 tl = None  # triton.language, bound by _kernel() on first use (the kernel's source names it)
 _to_bf16 = None

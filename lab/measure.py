@@ -343,8 +343,7 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
         if tuned.fused_layers is not None:  # likewise for the decoder layers whose block ends were joined
             record["layers_fused"] = {"fused": len(tuned.fused_layers.modules), "of": len(exact_layer.layer_modules(model))}
         if decode in FUSED_GEMV_MODES:  # the kernel's geometry: its speed depends on it, its bits do not
-            record["gemv_tile"] = dict(zip(("rows", "warps", "lanes_first", "packed", "stages"), (
-                exact_nf4.ROWS, exact_nf4.WARPS, exact_nf4.LANES_FIRST, exact_nf4.PACKED, exact_nf4.STAGES)))
+            record["gemv_tile"] = exact_nf4.tile()
         graphs = tuned.graphs
 
         def run(keep_logits: bool):

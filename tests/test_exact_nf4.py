@@ -329,3 +329,10 @@ def test_another_bitsandbytes_release_is_refused_rather_than_summed_in_a_guessed
     assert "forward" not in vars(model.a.q_proj)
     monkeypatch.setattr(bnb, "__version__", "0.50.2")
     exact_nf4.fuse_gemv(model).restore()
+
+
+def test_the_recorded_tile_is_the_geometry_the_kernel_launches_with(monkeypatch):
+    monkeypatch.setattr(exact_nf4, "STAGES", 5)
+    monkeypatch.setattr(exact_nf4, "ROWS", 8)
+    assert exact_nf4.tile() == {"rows": 8, "warps": exact_nf4.WARPS, "lanes_first": exact_nf4.LANES_FIRST,
+                                "packed": exact_nf4.PACKED, "stages": 5}

@@ -27,10 +27,11 @@ from helpers import exact_nf4  # noqa: E402
 from helpers.paths import write_text_atomically  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "data" / "configs" / "gemma-4-E4B-it.config.json"
-# (rows per program, warps, lanes first, packed, pipeline stages); on an H100 the 8-row tiles were slower everywhere
+# exact_nf4.TILE_KNOBS: (rows per program, warps, lanes first, packed, pipeline stages); on an H100 the 8-row tiles
+# were slower everywhere
 CHOICES = [(4, 4, False, True, 3), (4, 4, False, True, 2), (4, 4, False, True, 4), (2, 2, False, True, 3),
            (32, 4, True, True, 3)]
-KNOBS = ("ROWS", "WARPS", "LANES_FIRST", "PACKED", "STAGES")
+KNOBS = exact_nf4.TILE_KNOBS
 
 
 def decode_shapes() -> dict:
