@@ -428,9 +428,7 @@ def render_long_context_and_speed() -> str:
     tuned = speed.get("cudagraphs", {})
     if tuned.get("decode_tokens_per_s") and tuned.get("bandwidth_limit_tokens_per_s"):
         lines += ["", f"The CUDA-graph step reaches {tuned['decode_tokens_per_s'] / tuned['bandwidth_limit_tokens_per_s']:.1%} "
-                  "of the bandwidth limit. Beside it, " + "; ".join(
-                      f"{row['route']} on an {row['gpu']}: about {row['decode_tokens_per_s']} tokens/s" for row in cited["rows"])
-                  + f" ({cited['source']})."]
+                  f"of the bandwidth limit. Beside it, {cited_speeds()} ({cited['source']})."]
     return "\n".join(lines + render_host_free() + render_fused_norms() + render_fused_step() + render_gemv_step()
                      + render_host_free_inductor() + render_goal_run() + render_decode_on_cards(tuned)
                      + render_inductor() + render_decode_elsewhere())
@@ -454,6 +452,14 @@ def render_step_run(preset: str, step: str, heading: str, not_yet: str) -> list:
     return ["", heading, "", records.table(preset).markdown(), "",
             f"Recorded by `{next(iter(run.values()))['command']}`.{ratio} The profile covers "
             f"{records.profile_covers(next((r for r in run.values() if r.get('profile')), {}))}.{untraced}"]
+
+
+def cited_speeds() -> str:
+    """The published decode speeds of other routes, one clause each, as the results page and the README cite them."""
+    from helpers import records
+
+    return "; ".join(f"{row['route']} on an {row['gpu']}: about {row['decode_tokens_per_s']} tokens/s"
+                     for row in records.cited_decode_speeds()["rows"])
 
 
 def render_host_free() -> list:
@@ -903,9 +909,7 @@ def fused_step_headline() -> list:
             f"{fused['decode_tokens_per_s'] / graphs['decode_tokens_per_s']:.2f}x "
             f"the CUDA-graph step of the same run, logits {verdict} to `generate` with a static cache, "
             f"{fused['decode_tokens_per_s'] / fused['bandwidth_limit_tokens_per_s']:.1%} of the bandwidth limit "
-            f"(`make bench PRESET={preset}`, {fused['gpu']}). Cited beside it, not measured here: "
-            + "; ".join(f"{row['route']} on an {row['gpu']}, about {row['decode_tokens_per_s']} tokens/s"
-                        for row in records.cited_decode_speeds()["rows"]) + "."]
+            f"(`make bench PRESET={preset}`, {fused['gpu']}). Cited beside it, not measured here: {cited_speeds()}."]
 
 
 def render_headline() -> str:
