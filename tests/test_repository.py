@@ -1,5 +1,6 @@
 """Contracts over the repository itself: figures are rendered, not typed; the project never reads ../shared."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -501,13 +502,18 @@ def test_a_record_with_no_place_on_the_results_page_is_refused_and_the_prose_bet
     assert tool.main(["--check"]) == 1
 
 
-def test_every_mutation_still_finds_its_text_so_an_edit_to_helpers_cannot_break_the_mutation_step_late():
+def test_every_mutation_still_finds_its_text_and_its_tests_so_an_edit_cannot_break_the_mutation_step_late():
     mutations = _tool("mutations")
     for mutation in mutations.MUTATIONS:
-        mutations.check_applies(mutation)  # raises SystemExit naming the mutation whose text moved
+        mutations.check_applies(mutation)  # raises SystemExit naming the mutation whose text or test moved
     gone = mutations.Mutation(name="control", path="helpers/synthetic.py", old="text that is in no file", new="", tests=())
     with pytest.raises(SystemExit, match="occurs 0 times"):
         mutations.check_applies(gone)
+    # a renamed test would select nothing, and pytest's exit code for that is not 0: it must not pass for a kill
+    present = mutations.MUTATIONS[0]
+    renamed = dataclasses.replace(present, tests=(present.tests[0] + "_renamed",))
+    with pytest.raises(SystemExit, match="is not there"):
+        mutations.check_applies(renamed)
 
 
 def test_the_fused_step_is_shown_beside_the_cuda_graph_step_of_its_own_run(tmp_path, monkeypatch):
