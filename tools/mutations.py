@@ -6,7 +6,7 @@ notices. Each mutation is applied to a copy of the repository, never to this one
 
 A mutation whose text no longer occurs in its file, or that names a test no longer there, fails the check too: the
 list must follow the code. Each mutation names the tests that notice it, so a run is short; the mutations run one per
-core at once, each in its own copy and its own empty model cache.
+core (at most four) at once, each in its own copy and its own empty model cache.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def main(argv) -> int:
         if mutation.gpu_only:
             print(f"  (GPU tier) {mutation.name}: killed only by {', '.join(mutation.tests)}")
     survivors = []
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=min(4, cores)) as pool:  # at most four: each holds torch and a model build
         cpu_suite = [mutation for mutation in MUTATIONS if not mutation.gpu_only]
         for mutation, verdict in zip(cpu_suite, pool.map(killed, cpu_suite)):
             print(f"  {'killed  ' if verdict else 'SURVIVED'} {mutation.name}", flush=True)
