@@ -41,23 +41,23 @@ def bits(t):
     return t.view(torch.int16)
 
 found = {}
-for nested in [sys.argv[1] == "nested"]:
-    for dtype in (torch.bfloat16, torch.float16):
-        for n, k in SHAPES:
-            layers = [nf4_linear(n + i, k, nested=nested, dtype=dtype, seed=i) for i in range(3)]
-            same = checked = apart = 0
-            for sample, scale in enumerate(SCALES):
-                x = (torch.randn(1, 1, k, generator=torch.Generator().manual_seed(sample)) * scale).to(dtype)
-                joined = exact_nf4.nf4_gemv(x, layers)
-                alone = exact_nf4.nf4_gemv(x, layers[1:2])[0]
-                expected = [exact_nf4.gemv_eager(x, layer) for layer in layers]
-                for out, eager in [*zip(joined, expected), (alone, expected[1])]:
-                    same += int((bits(out) == bits(eager)).sum()); checked += out.numel()
-                if scale == 1.0:  # the control, once: the largest input one ulp up
-                    nudged = x.clone()
-                    bits(nudged).view(-1)[int(x.abs().argmax())] += 1
-                    apart += int((bits(exact_nf4.nf4_gemv(nudged, layers[:1])[0]) != bits(expected[0])).sum())
-            found[f"{nested} {dtype} {n}x{k}"] = [same, checked, apart]
+nested = sys.argv[1] == "nested"  # one half per process: plain or nested scales
+for dtype in (torch.bfloat16, torch.float16):
+    for n, k in SHAPES:
+        layers = [nf4_linear(n + i, k, nested=nested, dtype=dtype, seed=i) for i in range(3)]
+        same = checked = apart = 0
+        for sample, scale in enumerate(SCALES):
+            x = (torch.randn(1, 1, k, generator=torch.Generator().manual_seed(sample)) * scale).to(dtype)
+            joined = exact_nf4.nf4_gemv(x, layers)
+            alone = exact_nf4.nf4_gemv(x, layers[1:2])[0]
+            expected = [exact_nf4.gemv_eager(x, layer) for layer in layers]
+            for out, eager in [*zip(joined, expected), (alone, expected[1])]:
+                same += int((bits(out) == bits(eager)).sum()); checked += out.numel()
+            if scale == 1.0:  # the control, once: the largest input one ulp up
+                nudged = x.clone()
+                bits(nudged).view(-1)[int(x.abs().argmax())] += 1
+                apart += int((bits(exact_nf4.nf4_gemv(nudged, layers[:1])[0]) != bits(expected[0])).sum())
+        found[f"{nested} {dtype} {n}x{k}"] = [same, checked, apart]
 print(json.dumps(found))
 """
 
@@ -70,7 +70,7 @@ def interpreted() -> dict:
 
     missing = "triton is not installed: the NF4 kernel is checked where it is (and on the GPU)"
     with ThreadPoolExecutor(2) as pool:
-        halves = pool.map(lambda scales: run_interpreted(INTERPRETED, scales, missing=missing), ["plain", "nested"])
+        halves = pool.map(lambda half: run_interpreted(INTERPRETED, half, missing=missing), ["plain", "nested"])
         return {key: value for half in halves for key, value in half.items()}
 
 

@@ -514,6 +514,7 @@ def test_every_mutation_still_finds_its_text_and_its_tests_so_an_edit_cannot_bre
     renamed = dataclasses.replace(present, tests=(present.tests[0] + "_renamed",))
     with pytest.raises(SystemExit, match="is not there"):
         mutations.check_applies(renamed)
+    mutations.check_applies(dataclasses.replace(present, tests=(present.tests[0] + "[one-parameter]",)))  # still there
 
 
 def test_the_fused_step_is_shown_beside_the_cuda_graph_step_of_its_own_run(tmp_path, monkeypatch):
