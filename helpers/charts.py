@@ -80,10 +80,10 @@ def parameter_budget(bytes_by_part: dict, title: str, ax=None):
     return ax
 
 
-def peak_vs_context(records: list, ax=None, planner=None):
+def peak_vs_context(records: list, ax=None, planner=None, quants: tuple | None = None):
     """Peak GPU memory against prefill length, one line per model, quantization and placement
-    (the benchmark's memory preset); dashed: the planner's prediction where ``planner`` is given
-    (a function (model, quant, ple, context) -> bytes)."""
+    (the benchmark's memory preset), only ``quants`` where given; dashed: the planner's prediction where
+    ``planner`` is given (a function (model, quant, ple, context) -> bytes)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -92,7 +92,7 @@ def peak_vs_context(records: list, ax=None, planner=None):
     for record in sorted(records, key=lambda r: (r["configuration"]["model"], r["configuration"]["quant"], r["configuration"]["ple"])):
         c = record["configuration"]
         points = [p for p in record.get("prefill", []) if "peak_bytes" in p]
-        if not points:
+        if not points or (quants is not None and c["quant"] not in quants):
             continue
         label = f"{c['model']} {c['quant']}, PLE on {c['ple']}"
         x = [p["context"] for p in points]

@@ -4,6 +4,7 @@ The lab's runner (``lab.measure``) records whole routes with these in a fresh pr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -228,10 +229,32 @@ def gpu_memory(device) -> dict:
 FIT_DECODE_TOKENS = 8  # a context fits when its prefill and this many decoded tokens run
 
 
-def prefill_peak(model, tokenizer, context: int, device, new_tokens: int = 1, settings: LongContext | None = None) -> dict:
-    """Peak GPU memory and speed of one ``generate`` prefill of ``context`` tokens (and
-    ``new_tokens`` - 1 decoded after it), plain or with long-context ``settings``;
-    ``{"context", "oom": True, ...}`` when it runs out of memory."""
+@dataclasses.dataclass(frozen=True)
+class PrefillPeak:
+    """One prefill's peak GPU memory and speed, or that it ran out of memory. ``peak_reserved_bytes`` is what a
+    memory cap limits: allocated plus the allocator's fragmentation."""
+    context: int
+    peak_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    tokens_per_s: float | None = None
+    oom: bool = False
+    device_free_bytes: int | None = None  # after an out-of-memory: a card-sized limit or a GPU shared with others
+
+    def __str__(self) -> str:
+        if self.oom:
+            return f"{self.context:>6,} tokens: out of memory"
+        return (f"{self.context:>6,} tokens: peak {self.peak_bytes / 1e9:.2f} GB "
+                f"(reserved {self.peak_reserved_bytes / 1e9:.2f}), {self.tokens_per_s:,.0f} tokens/s of prefill")
+
+    def record(self) -> dict:
+        """The fields a benchmark record keeps (those that apply)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and (k != "oom" or v)}
+
+
+def prefill_peak(model, tokenizer, context: int, device, new_tokens: int = 1,
+                 settings: LongContext | None = None) -> PrefillPeak:
+    """Peak GPU memory and speed of one ``generate`` prefill of ``context`` tokens (and ``new_tokens`` - 1 decoded
+    after it), plain or with long-context ``settings``; an out-of-memory is a result, not an error."""
     placement.require_model(model)
     device = cards.require_cuda_gpu(device, "prefill_peak")
     new_tokens = require_whole_number(new_tokens, "new_tokens", unit="tokens")
@@ -245,13 +268,11 @@ def prefill_peak(model, tokenizer, context: int, device, new_tokens: int = 1, se
         else:
             settings.generate(model, ids, new_tokens)
         torch.cuda.synchronize(device)
-        # peak reserved is what a memory cap limits: allocated plus the allocator's fragmentation
-        return {"context": context, "peak_bytes": torch.cuda.max_memory_allocated(device),
-                "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
-                "tokens_per_s": round(context / (time.perf_counter() - began), 1)}
+        return PrefillPeak(context, peak_bytes=torch.cuda.max_memory_allocated(device),
+                           peak_reserved_bytes=torch.cuda.max_memory_reserved(device),
+                           tokens_per_s=round(context / (time.perf_counter() - began), 1))
     except torch.OutOfMemoryError:
-        # device_free_bytes tells a card-sized limit apart from a GPU shared with other processes
-        return {"context": context, "oom": True, "device_free_bytes": cards.whole_gpu_memory(device)[0]}
+        return PrefillPeak(context, oom=True, device_free_bytes=cards.whole_gpu_memory(device)[0])
     finally:
         del ids
         torch.cuda.empty_cache()
@@ -287,4 +308,4 @@ def fits_context(model, tokenizer, context: int, device, decode_tokens: int = FI
                  settings: LongContext | None = None) -> bool:
     """Does a prefill of ``context`` tokens plus a few decoded ones run without running out of memory?"""
     decode_tokens = require_whole_number(decode_tokens, "decode_tokens", unit="tokens")
-    return not prefill_peak(model, tokenizer, context, device, new_tokens=decode_tokens, settings=settings).get("oom")
+    return not prefill_peak(model, tokenizer, context, device, new_tokens=decode_tokens, settings=settings).oom

@@ -178,6 +178,19 @@ def largest_contexts(model: str = "e4b-shape", directory: Path = MEASUREMENTS_DI
     return {card: reached[card] for card in sorted(reached)}
 
 
+def reached_lines(model: str = "e4b-shape", card_gb: float | None = None, path: str | None = None,
+                  directory: Path = MEASUREMENTS_DIR) -> list:
+    """``largest_contexts`` as sentences, one per card: every way each card was prefilled and how far it got, or
+    only ``card_gb``'s, or only the ways on one long-context ``path`` ("plain", "tuned")."""
+    lines = []
+    for card, reached in largest_contexts(model, directory).items():
+        ways = [f"{how}: {tokens:,}" + (" (the model's limit)" if at_limit else "")
+                for how, (tokens, at_limit) in reached.items() if path is None or how.startswith(f"{path},")]
+        if ways and card_gb in (None, card):
+            lines.append(f"{card:>2g} GB card reached: " + "; ".join(ways))
+    return lines
+
+
 def long_context_peaks(model: str = "e4b-shape", directory: Path = MEASUREMENTS_DIR) -> dict:
     """The long-context preset's measured prefill peaks: path -> {context: bytes}, uncapped ({} before the run)."""
     recorded = preset_records("long-context", model, directory)

@@ -205,7 +205,8 @@ def measure(source, quant: str, route: str, *, device: int = 0, new_tokens: int 
     nudge = (ple_row_nudged(model, int(prompt_ids(tokenizer, greedy_context, "cpu")[0, -1])) if route == "ple-cpu-nudged"
              else contextlib.nullcontext())
     with nudge:
-        record["prefill"] = [prefill_peak(model, tokenizer, context, device, settings=settings) for context in contexts]
+        record["prefill"] = [prefill_peak(model, tokenizer, context, device, settings=settings).record()
+                             for context in contexts]
         if decode is not None:
             _measure_decoding(model, tokenizer, device, record, decode=decode, new_tokens=new_tokens,
                               decode_runs=decode_runs, greedy_context=greedy_context, logits_out=logits_out,

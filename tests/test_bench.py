@@ -323,6 +323,22 @@ def test_the_largest_contexts_mark_a_search_that_stopped_at_the_models_positions
     assert reached[8]["plain, chunks of 2,048"] == (68847, False)
     assert reached[8]["generate, one prefill"] == (16832, False)
     assert reached[8]["tuned, chunks of 2,048, expandable_segments:True"] == (131065, True)
+    plain = records.reached_lines(card_gb=8, path="plain", directory=tmp_path)
+    assert len(plain) == 1 and plain[0].startswith(" 8 GB card reached: plain, chunks of 2,048: 68,847")
+    assert "tuned" not in plain[0] and "one prefill" not in plain[0]  # only the path asked for
+    every = records.reached_lines(directory=tmp_path)
+    assert len(every) == len(cards.SIMULATED_CARDS_GB) and all("(the model's limit)" in line for line in every)
+
+
+def test_a_prefill_that_ran_out_of_memory_is_recorded_as_such_and_one_that_ran_keeps_no_oom_field():
+    from helpers.measure import PrefillPeak
+
+    ran, failed = PrefillPeak(512, 4_060_000_000, 4_100_000_000, 3000.0), PrefillPeak(131072, oom=True, device_free_bytes=1)
+    assert ran.record() == {"context": 512, "peak_bytes": 4_060_000_000, "peak_reserved_bytes": 4_100_000_000,
+                            "tokens_per_s": 3000.0}
+    assert failed.record() == {"context": 131072, "oom": True, "device_free_bytes": 1}
+    assert str(ran) == "   512 tokens: peak 4.06 GB (reserved 4.10), 3,000 tokens/s of prefill"
+    assert str(failed) == "131,072 tokens: out of memory"
 
 
 def test_what_notebook_09_and_the_readme_say_about_128k_on_an_8_gb_card_is_what_the_newest_records_say():

@@ -166,3 +166,58 @@ def planner_title(step: str) -> str:
     from helpers import planner
 
     return planner.STEPS[step].title
+
+
+def record_reads(sources: list) -> list:
+    """Where a notebook reads a benchmark record by key: a string subscript or ``.get`` on what a ``records``
+    call returned (or a name bound to it, in any cell), other than the ready tables ``records.table`` gives."""
+    trees = [ast.parse(source) for source in sources]
+
+    bound: set = set()
+
+    def from_records(node) -> bool:
+        """Is this a record: a ``records`` call, or a name bound to one, read through attributes, keys or calls?"""
+        while True:
+            if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+                node = node.elt
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+                return node.func.value.id == "records" and node.func.attr != "table"
+            elif isinstance(node, (ast.Attribute, ast.Subscript)):
+                node = node.value
+            elif isinstance(node, ast.Call):
+                node = node.func
+            else:
+                return isinstance(node, ast.Name) and node.id in bound
+
+    bindings = [(node.targets[0], node.value) if isinstance(node, ast.Assign) else (node.target, node.iter)
+                for tree in trees for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.For, ast.comprehension))]
+    while True:  # a name bound from a record, or from a name bound so, is a record too
+        more = {t.id for target, value in bindings if from_records(value) for t in ast.walk(target) if isinstance(t, ast.Name)}
+        if more <= bound:
+            break
+        bound |= more
+
+    found = []
+    for tree in trees:
+        for node in ast.walk(tree):
+            keyed = (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)
+                     and from_records(node.value))
+            got = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                   and from_records(node.func.value))
+            if keyed or got:
+                found.append(ast.unparse(node))
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_no_learner_cell_reads_a_benchmark_record_by_key(path):
+    """Record plumbing belongs in helpers.records, which hands a learner ready tables, lines and values."""
+    assert record_reads([python_of(cell) for cell in cells(path)]) == []
+
+
+def test_record_plumbing_in_a_cell_is_found_even_through_a_name_bound_in_another_cell():
+    """The control: the forms notebooks 06 and 09 once had."""
+    assert record_reads(['bench_records = records.latest_records()',
+                         'memory = [r for r in bench_records if r["preset"] == "memory"]']) == ["r['preset']"]
+    assert record_reads(['for how, n in records.largest_contexts().get(8, {}).items():\n    print(how, n)']) != []
+    assert record_reads(['print(records.table("decode-speed"))', 'run = measure.greedy(m)\nrun["logits"]']) == []

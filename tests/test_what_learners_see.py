@@ -50,6 +50,16 @@ def test_without_a_planner_the_legend_claims_no_planner_line():
     plt.close("all")
 
 
+def test_the_memory_chart_draws_only_the_quantizations_asked_for_and_all_of_them_without_a_filter():
+    memory = records.latest_records(preset="memory")
+    every = {line.get_label().split()[1].rstrip(",") for line in charts.peak_vs_context(memory).get_lines()
+             if line.get_gid() == "measured"}
+    some = {line.get_label().split()[1].rstrip(",") for line in charts.peak_vs_context(memory, quants=("nf4", "bf16"))
+            .get_lines() if line.get_gid() == "measured"}
+    assert some == {"nf4", "bf16"} and "int8" in every  # the control: int8 is recorded, and left out only when asked
+    plt.close("all")
+
+
 def marks_on_labels(ax) -> list:
     """Planner marks (scatter points) whose centre lies inside a value label's box, in screen pixels."""
     figure = ax.figure
