@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from transformers.cache_utils import StaticSlidingWindowLayer
+from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
-from . import exact_layer, exact_nf4, exact_norm, exact_rotary, placement
+from . import exact_cache, exact_layer, exact_nf4, exact_norm, exact_rotary, placement
 from .errors import InvalidChoiceError, NoRecordError, RecordFileError, TunedDecodeError, require_bool, require_choice, require_whole_number
 from .long_context import cache_argument, new_cache, require_prompt
 from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
@@ -40,7 +40,7 @@ COMPILE_MODES = (None, "eager", "cudagraphs", "reduce-overhead", "inductor")
 # ones (the one compiler the host-free step takes: its token, rows and masks are traced with it)
 CAPTURED = ("cudagraphs", "inductor")  # the modes StepGraphs captures
 # the Decoder settings that swap in exact kernels
-FUSIONS = ("fused_norms", "fused_rotary", "fused_layers", "fused_activations", "fused_gemv")
+FUSIONS = ("fused_norms", "fused_rotary", "fused_layers", "fused_activations", "fused_gemv", "fused_cache")
 
 PLE_OPTIONS = {
     "host lookup per token (this module)":
@@ -78,6 +78,7 @@ class Decoder:
     fused_layers: bool = False  # each decoder layer's norm-and-residual ends in one kernel each (exact_layer)
     fused_activations: bool = False  # and each gelu with the product after it (needs fused_layers)
     fused_gemv: bool = False  # each NF4 projection in a kernel that sums as bitsandbytes' does, siblings joined (exact_nf4)
+    fused_cache: bool = False  # each cache layer's write of the token and its counter in one kernel (exact_cache)
 
     def __post_init__(self):
         if self.compile not in COMPILE_MODES:
@@ -333,6 +334,49 @@ def index_full_windows_once(cache) -> int:
             layer.last_index = torch.tensor([-1], dtype=torch.long, device=layer.device)
             layer.__class__ = FullWindowIndexedLayer
             changed += 1
+    return changed
+
+
+def _one_launch(base: type) -> type:
+    """``base`` whose one-token update is ``exact_cache.write_token``'s one launch where it can take it (the library's
+    five kernels otherwise): the same copies and the same counters, so the same bits."""
+
+    class OneLaunch(base):
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not exact_cache.writable(self, key_states, value_states):
+                return super().update(key_states, value_states, *args, **kwargs)
+            if hasattr(self, "cumulative_length_int"):
+                self.cumulative_length_int += 1  # the sliding layer's int, as its own update counts
+            exact_cache.write_token(self.keys, self.values, key_states, value_states, self.cumulative_length)
+            return self.keys, self.values
+
+    OneLaunch.__name__ = OneLaunch.__qualname__ = f"OneLaunch{base.__name__}"
+    return OneLaunch
+
+
+OneLaunchStaticLayer = _one_launch(StaticLayer)
+OneLaunchSlidingLayer = _one_launch(FullWindowIndexedLayer)
+ONE_LAUNCH_LAYERS = (OneLaunchStaticLayer, OneLaunchSlidingLayer)
+
+
+def write_tokens_in_one_launch(cache) -> int:
+    """Make the initialised static layers of ``cache`` write a decode token in one launch (``ONE_LAUNCH_LAYERS``); a
+    sliding layer also indexes its full window with a tensor made once, as ``index_full_windows_once`` does. How
+    many were changed."""
+    changed = 0
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", False) or not isinstance(getattr(layer, "cumulative_length", None),
+                                                                         torch.Tensor):
+            continue
+        if type(layer) is StaticLayer:
+            layer.__class__ = OneLaunchStaticLayer
+        elif type(layer) in (StaticSlidingWindowLayer, FullWindowIndexedLayer):
+            if not hasattr(layer, "last_index"):
+                layer.last_index = torch.tensor([-1], dtype=torch.long, device=layer.device)
+            layer.__class__ = OneLaunchSlidingLayer
+        else:
+            continue
+        changed += 1
     return changed
 
 
@@ -691,6 +735,8 @@ class TunedGreedy:
             synchronize(self.device)
             began = time.perf_counter()
             logits = self._prefill(ids, cache)
+            if self.settings.fused_cache:
+                write_tokens_in_one_launch(cache)  # the prefill wrote with the library's update; each step in one launch
             synchronize(self.device)
             prefilled = time.perf_counter()
             norms = self.fused_norms.installed() if self.fused_norms else contextlib.nullcontext()

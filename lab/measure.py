@@ -42,6 +42,7 @@ Decoding speed (``helpers.decoding``): ``--decode MODE`` times greedy decoding o
   host-free-fused-all  and each gelu with the product after it in one kernel
   host-free-fused-gemv  and each NF4 projection in a kernel with bitsandbytes' bits, the q, k, v and the gate, up
                    projections one launch each (helpers.exact_nf4)
+  host-free-fused-cache  and each cache layer's write of the token and its counter in one launch (helpers.exact_cache)
 ``--profile-trace PATH`` also writes a ``torch.profiler`` Chrome trace of ``--profile-steps`` decode steps.
 """
 
@@ -84,9 +85,10 @@ DECODE_MODES = {"generate": None, "generate-static": None, "loop": None, "dynamo
                 "reduce-overhead": "reduce-overhead", "host-free": "cudagraphs", "host-free-inductor": "inductor",
                 "host-free-fused": "cudagraphs", "host-free-fused-rotary": "cudagraphs",
                 "host-free-fused-layers": "cudagraphs", "host-free-fused-all": "cudagraphs",
-                "host-free-fused-gemv": "cudagraphs"}
+                "host-free-fused-gemv": "cudagraphs", "host-free-fused-cache": "cudagraphs"}
 # each fusion's modes: a mode has the fusions of those above it in the docstring's list, and its own
-FUSED_GEMV_MODES = ("host-free-fused-gemv",)  # decoding.Decoder(fused_gemv=True)
+FUSED_CACHE_MODES = ("host-free-fused-cache",)  # decoding.Decoder(fused_cache=True)
+FUSED_GEMV_MODES = ("host-free-fused-gemv", *FUSED_CACHE_MODES)  # decoding.Decoder(fused_gemv=True)
 FUSED_ACTIVATION_MODES = ("host-free-fused-all", *FUSED_GEMV_MODES)  # decoding.Decoder(fused_activations=True)
 FUSED_LAYER_MODES = ("host-free-fused-layers", *FUSED_ACTIVATION_MODES)  # decoding.Decoder(fused_layers=True)
 FUSED_ROTARY_MODES = ("host-free-fused-rotary", *FUSED_LAYER_MODES)  # decoding.Decoder(fused_rotary=True)
@@ -100,7 +102,8 @@ def decoder(decode: str):
     return decoding.Decoder(compile=DECODE_MODES[decode], host_free=decode in HOST_FREE_MODES,
                             fused_norms=decode in FUSED_NORM_MODES, fused_rotary=decode in FUSED_ROTARY_MODES,
                             fused_layers=decode in FUSED_LAYER_MODES,
-                            fused_activations=decode in FUSED_ACTIVATION_MODES, fused_gemv=decode in FUSED_GEMV_MODES)
+                            fused_activations=decode in FUSED_ACTIVATION_MODES, fused_gemv=decode in FUSED_GEMV_MODES,
+                            fused_cache=decode in FUSED_CACHE_MODES)
 
 
 def path_settings(path: str | None, chunk: int = DEFAULT_CHUNK) -> LongContext | None:
