@@ -71,7 +71,8 @@ test-cpu: install
 ## card) with triton installed beside the CPU venv, at the version PyTorch's CUDA wheel of the GPU tier brings
 TRITON_VERSION ?= 3.6.0
 TRITON_SITE ?= .cache/triton-$(TRITON_VERSION)
-TRITON_TESTS ?= tests/test_exact_nf4.py tests/test_exact_norm.py tests/test_exact_rotary.py tests/test_exact_layer.py
+TRITON_TESTS ?= tests/test_exact_nf4.py tests/test_exact_norm.py tests/test_exact_rotary.py tests/test_exact_layer.py \
+	tests/test_exact_cache.py
 $(TRITON_SITE)/.installed:
 	$(PY) -m pip install -q --no-deps --upgrade --target $(TRITON_SITE) "triton==$(TRITON_VERSION)"
 	touch $@

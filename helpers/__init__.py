@@ -17,6 +17,7 @@ Imports point down this list, never up:
     exact_rotary                   one kernel per rotary embedding in the decode step, rounding as ATen's bf16 ops do
     exact_layer                    one kernel per block end of a decoder layer: norm, residual add, scalar, next norm
     exact_nf4                      one kernel per NF4 projection (or q, k, v joined), summing as bitsandbytes does
+    exact_cache                    one kernel per cache layer's write of a decode token and its counter
     long_context, decoding         long prompts without copies (chunks, window-sized cache); greedy decoding in CUDA graphs
     measure                        greedy runs and their logits compared: bit for bit, within rounding, with a control
     records                        readers of the recorded results (data/measurements, gpu-tier, gguf, chat, cited)

@@ -331,10 +331,16 @@ def index_full_windows_once(cache) -> int:
     changed = 0
     for layer in cache.layers:
         if type(layer) is StaticSlidingWindowLayer and layer.is_initialized:
-            layer.last_index = torch.tensor([-1], dtype=torch.long, device=layer.device)
-            layer.__class__ = FullWindowIndexedLayer
+            _index_full_window(layer, FullWindowIndexedLayer)
             changed += 1
     return changed
+
+
+def _index_full_window(layer, cls: type) -> None:
+    """Make an initialised sliding layer a ``cls`` (a ``FullWindowIndexedLayer``) with its index on its device."""
+    if not hasattr(layer, "last_index"):
+        layer.last_index = torch.tensor([-1], dtype=torch.long, device=layer.device)
+    layer.__class__ = cls
 
 
 def _one_launch(base: type) -> type:
@@ -371,9 +377,7 @@ def write_tokens_in_one_launch(cache) -> int:
         if type(layer) is StaticLayer:
             layer.__class__ = OneLaunchStaticLayer
         elif type(layer) in (StaticSlidingWindowLayer, FullWindowIndexedLayer):
-            if not hasattr(layer, "last_index"):
-                layer.last_index = torch.tensor([-1], dtype=torch.long, device=layer.device)
-            layer.__class__ = OneLaunchSlidingLayer
+            _index_full_window(layer, OneLaunchSlidingLayer)
         else:
             continue
         changed += 1

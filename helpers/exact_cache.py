@@ -69,7 +69,8 @@ def _refusal(keys, values, key_states, value_states, cumulative_length) -> str |
         return (f"the cache ({keys.dtype}) and the states ({key_states.dtype}, {value_states.dtype}) must share a dtype: "
                 f"index_copy_ would refuse them too.")
     if cumulative_length.dtype != torch.long or cumulative_length.numel() != 1:
-        return f"cumulative_length must be the layer's one-value int64 counter, not {cumulative_length.dtype} x {cumulative_length.numel()}."
+        return (f"cumulative_length must be the layer's one-value int64 counter, not {cumulative_length.dtype} x "
+                f"{cumulative_length.numel()}.")
     if len({keys.device, values.device, key_states.device, value_states.device, cumulative_length.device}) != 1:
         return "the cache, the states and the counter must be on one device."
     return None

@@ -10,7 +10,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InvalidChoiceError, NoRecordError, RecordFileError, require_choice
+from .errors import InvalidChoiceError, NoRecordError, RecordFileError, require_choice, require_number
 from .long_context import positions_written
 from .paths import CHAT_DIR, CITED_DIR, GGUF_DIR, GPU_TIER_DIR, MEASUREMENTS_DIR
 from .quantization import QUANTS
@@ -182,6 +182,10 @@ def reached_lines(model: str = "e4b-shape", card_gb: float | None = None, path: 
                   directory: Path = MEASUREMENTS_DIR) -> list:
     """``largest_contexts`` as sentences, one per card: every way each card was prefilled and how far it got, or
     only ``card_gb``'s, or only the ways on one long-context ``path`` ("plain", "tuned")."""
+    if card_gb is not None:
+        card_gb = require_number(card_gb, "card_gb", minimum=0)
+    if path is not None:
+        require_choice(path, ("plain", "tuned"), "path")
     lines = []
     for card, reached in largest_contexts(model, directory).items():
         ways = [f"{how}: {tokens:,}" + (" (the model's limit)" if at_limit else "")

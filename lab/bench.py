@@ -45,9 +45,9 @@ from helpers.long_context import DEFAULT_CHUNK, longest_prompt
 from helpers.measure import compare_logits, compare_rounding
 from helpers.paths import BUILD_DIR, MEASUREMENTS_DIR
 from helpers.placement import PLACEMENTS
-from helpers.records import LONG_CONTEXTS, SCHEMA, judged_difference, plain_generate_rate, rounding_sentence, speed_record
+from helpers.records import LONG_CONTEXTS, SCHEMA, every_record, judged_difference, plain_generate_rate, rounding_sentence, speed_record
 
-from .measure import DECODE_MODES
+from .measure import DECODE_MODES, FUSED_NORM_MODES
 from .records import HOST_PEAK_KEYS
 
 MODELS = ("e4b-shape", "e2b-shape")
@@ -228,20 +228,22 @@ def presets() -> dict:
                         _decode(name="host-free-fused-gemv-nudged", decode="host-free-fused-gemv",
                                 route="ple-cpu-nudged", reference="generate-static", control=True)],
         "decode-gemv-8gb": [_decode(name="host-free-fused-gemv-8gb", decode="host-free-fused-gemv", card_gb=8)],
-        # issue 31's modes, each beside the CUDA-graph step of its own run (one device call each): plain generate and
-        # the fused step with its control; then the fused step under the 8 GB cap and on bf16 (Inductor on the
-        # host-free step is decode-host-free-inductor's)
+        # issue 31's modes, each beside the CUDA-graph step of its own run (one device call each): plain generate, the
+        # fused step before and after its cache writes were joined, and the newest with its control; then the newest
+        # under the 8 GB cap and on bf16 (Inductor on the host-free step is decode-host-free-inductor's)
         "decode-goal": [_decode(name="generate", decode="generate", profile=True),
                         _decode(name="generate-static", decode="generate-static"),
                         _decode(name="cudagraphs", decode="cudagraphs", reference="generate-static", profile=True),
                         _decode(name="host-free-fused-gemv", decode="host-free-fused-gemv", reference="generate-static",
                                 profile=True),
-                        _decode(name="host-free-fused-gemv-nudged", decode="host-free-fused-gemv",
+                        _decode(name="host-free-fused-cache", decode="host-free-fused-cache", reference="generate-static",
+                                profile=True),
+                        _decode(name="host-free-fused-cache-nudged", decode="host-free-fused-cache",
                                 route="ple-cpu-nudged", reference="generate-static", control=True)],
         "decode-goal-cards": [_decode(name="cudagraphs", decode="cudagraphs", profile=True),
-                              _decode(name="host-free-fused-gemv-8gb", decode="host-free-fused-gemv", card_gb=8,
+                              _decode(name="host-free-fused-cache-8gb", decode="host-free-fused-cache", card_gb=8,
                                       profile=True),
-                              _decode(name="host-free-fused-gemv-bf16", decode="host-free-fused-gemv", quant="bf16",
+                              _decode(name="host-free-fused-cache-bf16", decode="host-free-fused-cache", quant="bf16",
                                       profile=True)],
         # Inductor's kernels in the host-free step's own graph, held to the rounding rule, beside today's CUDA-graph
         # step of the same run (the host-free step alone is decode-host-free's)
@@ -263,6 +265,9 @@ def presets() -> dict:
 PROCESS_START_S = 15  # python, torch, transformers and the CUDA context, per configuration (assumed)
 # Dynamo; one capture per phase; Inductor (assumed), in its graphs or in the course's
 COMPILE_S = {"eager": 60, "cudagraphs": 10, "reduce-overhead": 240, "inductor": 240}
+# the exact kernels' Triton builds in a fresh process, from the machine's on-disk cache: the first fused step of a
+# process took 16-17 s on the H100 (2026-12-07); a machine's very first build took 138 s on the H200, once
+TRITON_JIT_S = 20
 ATTENTION_HALF_AT = 65536  # prefill: attention assumed to cost as much as the rest at this context
 STATIC_ATTENTION = 2  # a static cache attends over its whole length at every chunk
 # the profiler's overhead and its Chrome trace (70-140 MB for 16 steps of E4B): decode-speed took 385 s on the
@@ -272,8 +277,9 @@ PROFILE_S = 25
 
 def estimate_seconds(config: Configuration, directory: Path = MEASUREMENTS_DIR) -> float:
     """An upper estimate of one configuration's time on the GPU the speed preset ran on: its recorded load time,
-    prefill tokens/s at 4,096 and decode tokens/s (compiled modes assumed no faster than plain generate), with
-    the assumptions above. Raises FileNotFoundError without speed records."""
+    prefill tokens/s at 4,096 and decode tokens/s (the slowest recorded run of the same decode mode, and a mode
+    never recorded no faster than plain generate), with the assumptions above. Raises FileNotFoundError without
+    speed records."""
     try:
         record = speed_record(config.model, f"ple-{config.ple}", config.quant, directory)
     except FileNotFoundError:  # only NF4 is timed by the speed preset: its speeds stand in
@@ -290,12 +296,23 @@ def estimate_seconds(config: Configuration, directory: Path = MEASUREMENTS_DIR) 
         seconds += prefill(512) + prefill(limit) + 8 * prefill(limit // 2)
     if config.new_tokens:
         runs = 2 + config.decode_runs if config.decode else 2
-        seconds += runs * (prefill(config.greedy_context) + config.new_tokens / record["decode_tokens_per_s"])
+        decode_rate = _slowest_decode_rate(config, directory) or record["decode_tokens_per_s"]
+        seconds += runs * (prefill(config.greedy_context) + config.new_tokens / decode_rate)
     if config.decode:
-        seconds += COMPILE_S.get(DECODE_MODES[config.decode], 0)
+        seconds += COMPILE_S.get(DECODE_MODES[config.decode], 0) + TRITON_JIT_S * (config.decode in FUSED_NORM_MODES)
     if config.profile:
         seconds += PROFILE_S
     return seconds
+
+
+def _slowest_decode_rate(config: Configuration, directory: Path) -> float | None:
+    """The slowest decode tokens/s any recorded run of ``config``'s decode mode, model and quantization reached."""
+    if not config.decode:
+        return None
+    rates = [record["decode_tokens_per_s"] for record in every_record(directory)
+             if record.get("decode") == config.decode and record.get("decode_tokens_per_s")
+             and record["configuration"]["model"] == config.model and record["configuration"]["quant"] == config.quant]
+    return min(rates, default=None)
 
 
 TIMING_KEYS = ("decode_tokens_per_s", "seconds_per_token")

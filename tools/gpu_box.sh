@@ -12,6 +12,7 @@ export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ -f .whl/llama.cpp-converter.tar.gz ]; then
   version=$(ls .whl/llama_cpp_python-*.whl | sed -E 's/.*llama_cpp_python-([^-]+)-.*/\1/')
   mkdir -p ".cache/llama-cpp-python-$version" && tar xzf .whl/llama.cpp-converter.tar.gz -C ".cache/llama-cpp-python-$version"
+  export LLAMA_CPP_SOURCE="$PWD/.cache/llama-cpp-python-$version/llama.cpp"  # where gguf_route looks, as make llama-cpp sets it
 fi
 export GEMMA_COURSE_CACHE="${GEMMA_COURSE_CACHE:-/dev/shm/gemma-course}"
 "$@"

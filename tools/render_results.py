@@ -520,11 +520,11 @@ def render_host_free_inductor() -> list:
 
 def render_goal_run() -> list:
     return render_step_run(
-        "decode-goal", "host-free-fused-gemv",
-        "**Issue 31's run** (plain `generate`, the CUDA-graph step, the fused step and its control, each ratio and "
-        "GPU-busy share of one run):",
+        "decode-goal", "host-free-fused-cache",
+        "**Issue 31's run** (plain `generate`, the CUDA-graph step, the fused step before and after each cache write "
+        "became one launch, and the newest step's control; each ratio and GPU-busy share of one run):",
         "Issue 31's run: not yet measured (`make bench PRESET=decode-goal`).") + render_step_run(
-        "decode-goal-cards", "host-free-fused-gemv-8gb",
+        "decode-goal-cards", "host-free-fused-cache-8gb",
         "**The fused step under the 8 GB cap and on bf16**, beside the CUDA-graph step of the same run (bf16 has no NF4 "
         "layer to swap: its projections stay cuBLAS's):",
         "The fused step under the 8 GB cap and on bf16: not yet measured (`make bench PRESET=decode-goal-cards`).")
@@ -543,7 +543,9 @@ def render_decode_on_cards(tuned: dict) -> list:
              "host-free step, norms, rotary and block ends fused": fused.get("host-free-fused-layers", {}),
              "host-free step, gelus fused too": fused.get("host-free-fused-all", {}),
              "host-free step, NF4 projections joined too":
-                 records.preset_records("decode-gemv").get("host-free-fused-gemv", {})}
+                 records.preset_records("decode-gemv").get("host-free-fused-gemv", {}),
+             "host-free step, each cache write in one launch too":
+                 records.preset_records("decode-goal").get("host-free-fused-cache", {})}
     if steps["host-free step, fused norms"] and "norms_fused" not in steps["host-free step, fused norms"]:
         steps = {("host-free step, few norms fused" if name == "host-free step, fused norms" else name): record
                  for name, record in steps.items()}  # see render_fused_norms
@@ -889,7 +891,9 @@ def fused_step_headline() -> list:
     times faster than the CUDA-graph step of its own run (a ratio within one run, so runs on other GPUs compare)."""
     from helpers import records
 
-    candidates = (("decode-gemv", "host-free-fused-gemv", "every norm, rotary embedding, block end, gelu and NF4 "
+    candidates = (("decode-goal", "host-free-fused-cache", "every norm, rotary embedding, block end, gelu and NF4 "
+                   "projection in bitsandbytes' order in its own kernels, and each cache write in one launch"),
+                  ("decode-gemv", "host-free-fused-gemv", "every norm, rotary embedding, block end, gelu and NF4 "
                    "projection in bitsandbytes' order in its own kernels"),
                   ("decode-fused", "host-free-fused-all", "every norm, rotary embedding, block end and gelu in one "
                    "kernel each"))
