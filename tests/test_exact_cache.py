@@ -9,7 +9,7 @@ from conftest import run_interpreted
 from helpers import decoding, exact_cache
 
 INTERPRETED = """
-import copy, json
+import copy, json, types
 import torch
 from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 from helpers import decoding, exact_cache, loading
@@ -29,8 +29,8 @@ for kind in ("full", "sliding"):
     library = layer(kind)
     library.update(*states(5, 0))  # the prefill, the library's own
     ours = copy.deepcopy(library)
-    ours.__class__ = decoding.OneLaunchStaticLayer if kind == "full" else decoding.OneLaunchSlidingLayer
-    ours.last_index = torch.tensor([-1])
+    swapped = decoding.write_tokens_in_one_launch(types.SimpleNamespace(layers=[ours]))  # the decoder's own swap
+    assert swapped == 1 and isinstance(ours, decoding.ONE_LAUNCH_LAYERS)
     same, told_apart, launched = True, True, 0
     real = exact_cache.write_token
     def counted(*args):
