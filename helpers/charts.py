@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from .cards import SIMULATED_CARDS_GB
+from .errors import InvalidChoiceError, require_choice
+from .quantization import QUANTS
 
 ROUTE_NAMES = {
     "ple-gpu": 'ple="gpu"\n{"": 0}',
@@ -86,6 +88,11 @@ def peak_vs_context(records: list, ax=None, planner=None, quants: tuple | None =
     ``planner`` is given (a function (model, quant, ple, context) -> bytes)."""
     import matplotlib.pyplot as plt
 
+    if quants is not None:
+        if not isinstance(quants, (tuple, list)):
+            raise InvalidChoiceError(f"quants={quants!r} is not a tuple of quantizations; pass e.g. quants=('nf4', 'bf16').")
+        for quant in quants:
+            require_choice(quant, QUANTS, "quants")
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 5))
     colors = {}

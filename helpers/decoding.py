@@ -369,6 +369,9 @@ def write_tokens_in_one_launch(cache) -> int:
     """Make the initialised static layers of ``cache`` write a decode token in one launch (``ONE_LAUNCH_LAYERS``); a
     sliding layer also indexes its full window with a tensor made once, as ``index_full_windows_once`` does. How
     many were changed."""
+    if not isinstance(getattr(cache, "layers", None), list):
+        raise InvalidChoiceError(f"cache={type(cache).__name__} is not a transformers cache; pass the StaticCache the "
+                                 f"decode runs with (long_context.new_cache(model, 'static', length)).")
     changed = 0
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", False) or not isinstance(getattr(layer, "cumulative_length", None),

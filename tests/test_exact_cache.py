@@ -118,6 +118,11 @@ def test_bad_inputs_to_the_cache_write_get_one_sentence():
         exact_cache.write_token(keys.transpose(1, 2), keys.clone(), one, one, counter)
 
 
+def test_swapping_the_cache_write_into_something_that_is_no_cache_gets_one_sentence():
+    with pytest.raises(decoding.InvalidChoiceError, match="not a transformers cache"):
+        decoding.write_tokens_in_one_launch({"layers": []})
+
+
 def test_a_decoder_refuses_the_cache_write_under_a_compiler():
     with pytest.raises(decoding.InvalidChoiceError, match="fused_cache"):
         decoding.Decoder(compile="reduce-overhead", fused_cache=True)

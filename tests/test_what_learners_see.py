@@ -10,6 +10,7 @@ import nbformat
 import pytest
 
 from helpers import anatomy, cards, charts, models, planner, records, weights
+from helpers.errors import InvalidChoiceError
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -58,6 +59,10 @@ def test_the_memory_chart_draws_only_the_quantizations_asked_for_and_all_of_them
             .get_lines() if line.get_gid() == "measured"}
     assert some == {"nf4", "bf16"} and "int8" in every  # the control: int8 is recorded, and left out only when asked
     plt.close("all")
+    with pytest.raises(InvalidChoiceError, match="tuple of quantizations"):
+        charts.peak_vs_context(memory, quants="nf4")  # a string would filter by substring, silently
+    with pytest.raises(InvalidChoiceError, match="quants"):
+        charts.peak_vs_context(memory, quants=("nf5",))
 
 
 def marks_on_labels(ax) -> list:
