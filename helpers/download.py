@@ -223,7 +223,7 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
     for attempt in range(1, max_attempts + 1):
         try:
             path = snapshot_download(repo_id, local_dir=str(local_dir), endpoint=endpoint, allow_patterns=allow_patterns,
-                                     token=hub_token(endpoint))
+                                     token=hub_token(endpoint), tqdm_class=download_bars())
             checks = verify(repo_id, local_dir, endpoint=endpoint, allow_patterns=allow_patterns)
             if not checksums.failures(checks):
                 record.parent.mkdir(parents=True, exist_ok=True)
@@ -255,6 +255,38 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
         f"{repo_id} did not download in {max_attempts} attempts (last: {errors[-1]}); finished files are kept and any "
         f"that failed verification deleted: run it again, or check HF_ENDPOINT.", errors
     )
+
+
+# huggingface_hub names its snapshot bars; these are the two that count bytes
+BYTES_WRITTEN_BAR = "huggingface_hub.snapshot_download"
+BYTES_RECEIVED_BAR = "huggingface_hub.snapshot_download.transfer"
+
+
+def download_bars():
+    """huggingface_hub's own progress bars (its ``tqdm``: widgets in Jupyter, its off switches kept),
+    labelled for what a download without Xet does: there is nothing to reconstruct, and the bytes
+    received are the bytes written, so one bar counts them instead of two."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import tqdm as hub_tqdm
+
+    if not constants.HF_HUB_DISABLE_XET:
+        return hub_tqdm  # with Xet, reconstruction and transfer are two different things
+
+    class PlainHttpBar(hub_tqdm):
+        def __init__(self, *args, name: str | None = None, **kwargs):
+            if name == BYTES_RECEIVED_BAR:
+                kwargs["disable"] = True
+            elif name == BYTES_WRITTEN_BAR:
+                kwargs["desc"] = "Downloading"
+            super().__init__(*args, name=name, **kwargs)
+            self._plain_bytes = name == BYTES_WRITTEN_BAR
+
+        def set_description(self, desc=None, refresh=True):
+            if getattr(self, "_plain_bytes", False) and str(desc).startswith("Reconstruct"):
+                desc = "Download complete"
+            super().set_description(desc, refresh)
+
+    return PlainHttpBar
 
 
 def course_folder(repo_id: str) -> Path:

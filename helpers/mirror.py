@@ -504,6 +504,7 @@ class ServerThread:
             server.close()
             self._loop.run_until_complete(_cancel_connections())
             self._loop.run_until_complete(server.wait_closed())
+            self._loop.run_until_complete(_cancel_connections())  # one accepted as the server closed
             self._loop.close()
 
         self._thread = threading.Thread(target=run, daemon=True, name=self.name)
@@ -525,12 +526,16 @@ class ServerThread:
 
 
 async def _cancel_connections() -> None:
-    """Connections still open when the server stops (a stalled client, a slow one) are ended, not orphaned."""
-    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-    for task in others:
-        task.cancel()
-    await asyncio.gather(*others, return_exceptions=True)
-    await asyncio.sleep(0.05)  # the closes they scheduled run before the loop ends
+    """Connections still open when the server stops (a stalled client, a slow one) are ended, not orphaned,
+    and so is any handler started while the others were ending: the loop closes with no task pending."""
+    while True:
+        await asyncio.sleep(0.05)  # the closes and accepts already scheduled run first
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        if not others:
+            return
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
 
 async def _drain_and_close(writer) -> None:

@@ -278,3 +278,31 @@ def test_a_kernels_scratch_folder_goes_when_the_kernel_ends_so_no_gguf_or_adapte
     mine = paths.kernel_folder("gguf", "tiny")
     (mine / "model.gguf").write_bytes(b"x")
     assert mine.exists() and mine != made  # the control: a live kernel's folder stays
+
+
+@pytest.mark.parametrize("xet_disabled", [True, False], ids=["plain-http", "control-hubs-own-labels"])
+def test_a_download_without_xet_shows_no_reconstruction_bar_and_counts_its_bytes_once(hub_mirror, tmp_path,
+                                                                                       monkeypatch, xet_disabled):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", xet_disabled)
+    shown = []
+    labelled = download.download_bars
+
+    def shown_as_in_a_notebook():
+        class Shown(labelled()):
+            def __init__(self, *args, **kwargs):
+                if kwargs.get("disable") is None:  # a pipe hides bars; a notebook shows them
+                    kwargs["disable"] = False
+                super().__init__(*args, **kwargs)
+                if not self.disable:
+                    shown.append((self.desc, self.unit))
+        return Shown
+
+    monkeypatch.setattr(download, "download_bars", shown_as_in_a_notebook)
+    download.download(REPO, tmp_path, endpoint=hub_mirror.endpoint)
+    byte_bars = [desc for desc, unit in shown if unit == "B"]
+    if xet_disabled:
+        assert byte_bars == ["Downloading"], shown
+    else:  # huggingface_hub's labels: a reconstruction that plain HTTP does not do, and its bytes counted twice
+        assert len(byte_bars) == 2 and any(desc.startswith("Reconstructing") for desc in byte_bars), shown

@@ -6,6 +6,7 @@ and each guard beside what olah does without it."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import os
@@ -386,3 +387,40 @@ def test_ipv6_loopback_is_served_where_the_machine_has_it_and_its_endpoint_is_br
         assert running.endpoint == f"http://[::1]:{running.port}"
         with socket.create_connection(("::1", running.port), timeout=10):
             pass
+
+
+def _a_handler_that_starts_another_when_ended(started: list):
+    async def handler():
+        try:
+            await asyncio.sleep(3600)
+        finally:  # as a connection accepted while the others were being ended starts its handler
+            if len(started) < 3:
+                started.append(asyncio.get_running_loop().create_task(handler()))
+    return handler
+
+
+def _single_pass_cancel():
+    async def cancel():
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+    return cancel
+
+
+@pytest.mark.parametrize("cancel, leaves_one_pending", [(lambda: mirror._cancel_connections, False),
+                                                         (_single_pass_cancel, True)], ids=["ours", "single-pass"])
+def test_a_handler_started_while_the_server_stops_is_ended_too_not_left_pending(cancel, leaves_one_pending):
+    loop = asyncio.new_event_loop()
+    try:
+        started = []
+        started.append(loop.create_task(_a_handler_that_starts_another_when_ended(started)()))
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.run_until_complete(cancel()())
+        pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        assert bool(pending) == leaves_one_pending, pending
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.run_until_complete(asyncio.sleep(0.01))
+        loop.close()
