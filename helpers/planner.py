@@ -36,7 +36,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cards import CARDS, SYSTEM_RAM_ALLOWANCE_BYTES, budget_bytes
+from .cards import CARDS, LEARNER_CARDS, SYSTEM_RAM_ALLOWANCE_BYTES, budget_bytes
 from .errors import (
     CourseError,
     InvalidChoiceError,
@@ -57,7 +57,7 @@ from .models import requested, smaller_siblings
 from .paths import PLANNER_DIR, write_text_atomically
 from .placement import PLACEMENTS, human_bytes
 from .quantization import QUANTS
-from .records import Table, fine_tuning_records, gpu_tier_host, latest_records, read_json
+from .records import Table, fine_tuning_records, gpu_tier_host, latest_records, preset_records, read_json
 from .weights import GPU_HEADROOM_BYTES, WeightEstimate, meta_model, weight_bytes
 
 CALIBRATION = PLANNER_DIR / "activations.json"
@@ -466,6 +466,33 @@ def decode_range(record: dict, card) -> DecodeRange:
     reading_here = record["bytes_read_per_token"] / (card.bandwidth_gb_s * 1e9)
     return DecodeRange(card.name, 1 / (reading_here + other), 1 / max(reading_here, other),
                        "bandwidth" if reading_here >= other else "latency")
+
+
+DECODE_CARDS = ("RTX 4060", "RTX 4050 Laptop", "RTX 3060", "Colab T4", "RTX 3090")  # from small laptop to large desktop
+
+
+def decode_on_cards(steps: dict) -> Table:
+    """Each recorded decode step (name -> record) carried to learners' cards by ``decode_range``: one row per card of
+    ``DECODE_CARDS``, one column per step; steps missing a ``DECODE_RECORD_KEYS`` figure are left out."""
+    steps = {name: record for name, record in steps.items() if all(record.get(key) for key in DECODE_RECORD_KEYS)}
+    by_name = {card.name: card for card in LEARNER_CARDS}
+    rows = tuple((f"{name} ({by_name[name].bandwidth_gb_s:g} GB/s)",
+                  *(str(decode_range(record, by_name[name])).split(": ", 1)[1] for record in steps.values()))
+                 for name in DECODE_CARDS) if steps else ()
+    return Table(("card", *steps), rows, "derived by planner.decode_range from the recorded bytes per token and speed")
+
+
+def recorded_decode_on_cards(preset: str = "decode-goal", modes: tuple = ("cudagraphs", "host-free-fused-cache")) -> Table:
+    """``decode_on_cards`` for ``modes`` of one recorded decode preset (empty where it has not run)."""
+    if not isinstance(modes, tuple) or not all(isinstance(mode, str) for mode in modes):
+        raise InvalidChoiceError(f"modes={modes!r} is not a tuple of mode names; pass e.g. "
+                                 f"('cudagraphs', 'host-free-fused-cache').")
+    run = preset_records(preset)
+    unknown = [mode for mode in modes if run and mode not in run]
+    if unknown:
+        raise InvalidChoiceError(f"{unknown[0]!r} is not a mode of the recorded {preset} run; choose among "
+                                 f"{', '.join(run)}.")
+    return decode_on_cards({mode: run[mode] for mode in modes if mode in run})
 
 
 def chunked_peaks(contexts, model: str = "e4b-shape", quant: str = "nf4", ple: str = "cpu",

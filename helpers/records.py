@@ -465,14 +465,25 @@ def _decode_speed(directory: Path, preset: str = "decode-speed", reference: str 
         launches, busy = profile.get("by_step", {}).get("launches"), profile.get("device_busy_fraction")
         kernels = kernels_per_step(record)
         limit = record.get("bandwidth_limit_tokens_per_s")
+        sampled = sampled_busy(record)
         rows.append((name, _outcome(record, rate), _ratio(rate, plain), str(limit or "-"),
                      f"{rate / limit:.1%}" if rate and limit else "-",
                      _identity(record.get("identity", {})), f"{launches:,.0f}" if launches else "-",
-                     f"{kernels:,.0f}" if kernels else "-", f"{busy:.0%}" if busy else "-"))
-    return Table(("mode", "tokens/s", {"generate": "x plain generate", "cudagraphs": "x CUDA-graph step"}[reference],
-                  "bandwidth limit, tokens/s", "of the limit", "logits vs generate with a static cache",
-                  "CPU launches per step (profile)", "GPU kernels per step (profile)", "GPU busy (profile)"), tuple(rows),
-                 _command(run))
+                     f"{kernels:,.0f}" if kernels else "-", f"{busy:.0%}" if busy else "-",
+                     f"{sampled:.0%}" if sampled is not None else "-"))
+    columns = ("mode", "tokens/s", {"generate": "x plain generate", "cudagraphs": "x CUDA-graph step"}[reference],
+               "bandwidth limit, tokens/s", "of the limit", "logits vs generate with a static cache",
+               "CPU launches per step (profile)", "GPU kernels per step (profile)", "GPU busy (profile)",
+               "GPU busy (driver-sampled, no tracer)")
+    if not any(sampled_busy(record) is not None for record in run.values()):  # a run from before the sampler
+        columns, rows = columns[:-1], [row[:-1] for row in rows]
+    return Table(columns, tuple(rows), _command(run))
+
+
+def sampled_busy(record: dict) -> float | None:
+    """The share of the timed decode in which the GPU ran a kernel, from the driver's utilization samples (NVML)
+    with no tracer attached; None where it was not sampled (a CPU, or a record older than the sampler)."""
+    return (record.get("gpu_busy_sampled") or {}).get("share")
 
 
 def kernels_per_step(record: dict) -> float | None:

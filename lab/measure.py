@@ -77,6 +77,7 @@ from helpers.paths import write_text_atomically
 from helpers.planner import PATHS, TEXT_ONLY, decode_bytes_per_token, largest_true
 from helpers.weights import meta_model
 
+from . import gpu_busy
 from .records import environment
 
 ROUTES = ("ple-gpu", "ple-cpu", "post-load", "cpu-entry", "no-flag", "ple-cpu-nudged", "ple-cpu-fp16", "text-only")
@@ -353,13 +354,24 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
         def run(keep_logits: bool):
             return tuned.greedy(ids, new_tokens, keep_logits=keep_logits)
     _reset_peak(device)
+    busy = None
     try:
         first = run(True)
         second = run(True)
-        timed = [second] + [run(False) for _ in range(decode_runs)]
+        busy = gpu_busy.Sampler.open(device)  # the runs without logits kept: what the tokens/s figure times
+
+        def sampled():
+            result = run(False)
+            if busy is not None:
+                busy.decoded(result.decode_s)
+            return result
+        timed = [second] + [sampled() for _ in range(decode_runs)]
     except torch.OutOfMemoryError:
         record["greedy_oom"] = True
         return
+    finally:
+        if busy is not None:
+            record["gpu_busy_sampled"] = busy.result()
     speeds = sorted(r.tokens_per_s for r in timed)
     record.update(greedy_context=greedy_context, first_run_s=round(first.prefill_s + first.decode_s, 2),
                   decode_tokens_per_s=round(speeds[len(speeds) // 2], 2),

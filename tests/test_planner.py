@@ -408,3 +408,25 @@ def test_the_host_prediction_table_sets_the_planner_beside_each_measured_route()
     for route, predicted, recorded in table.rows:
         assert float(recorded) == round(measured[route]["host_generate_anon_peak_bytes"] / 1e9, 2)
         assert abs(float(predicted) - float(recorded)) <= 0.25 * float(recorded)  # the post-load copy included
+
+
+def test_each_learner_card_gets_one_row_per_recorded_step_and_a_step_without_its_bytes_is_left_out():
+    fast = {"decode_tokens_per_s": 200.0, "bytes_read_per_token": 1e9, "copy_bandwidth_bytes_per_s": 2e12}
+    slow = {**fast, "decode_tokens_per_s": 50.0}
+    table = planner.decode_on_cards({"slow step": slow, "fast step": fast, "unmeasured": {"decode_tokens_per_s": 90.0}})
+    assert table.columns == ("card", "slow step", "fast step")
+    assert [row[0].split(" (")[0] for row in table.rows] == list(planner.DECODE_CARDS)
+    on_4060 = dict(zip(table.columns, next(row for row in table.rows if row[0].startswith("RTX 4060 ("))))
+    # 1 GB at 272 GB/s is 3.7 ms; the slow step's other time (19.5 ms) bounds it, the fast step's (4.5 ms) too
+    assert on_4060["slow step"] == "43-51 tokens/s, latency-bound" and on_4060["fast step"].endswith("latency-bound")
+    assert not planner.decode_on_cards({"unmeasured": {"decode_tokens_per_s": 90.0}})
+
+
+@pytest.mark.parametrize("modes, message", [("cudagraphs", "not a tuple"), (("no-such-mode",), "not a mode")])
+def test_a_card_table_for_a_mode_the_run_does_not_have_is_refused_in_one_sentence(modes, message):
+    from helpers.errors import CourseError
+
+    if message == "not a mode" and not records.preset_records("decode-goal"):
+        pytest.fail("the decode-goal run is recorded in data/measurements: this test reads it")
+    with pytest.raises(CourseError, match=message):
+        planner.recorded_decode_on_cards("decode-goal", modes)

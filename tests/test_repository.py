@@ -569,3 +569,23 @@ def test_the_headline_shows_the_exact_step_fastest_against_its_own_runs_cuda_gra
     assert "160.0 tokens/s" in headline(70.0) and "2.00x" in headline(70.0)  # the newer, slower step is not shown
     assert "175.0 tokens/s" in headline(175.0) and "2.50x" in headline(175.0)  # the control: faster, so it is
     assert "160.0 tokens/s" in headline(175.0, identical=False)  # faster but not identical: not the exact headline
+
+
+def test_the_driver_sampled_busy_share_shows_as_a_column_only_in_a_run_that_sampled_it(tmp_path):
+    from helpers import records
+    from helpers.paths import MEASUREMENTS_DIR
+
+    column = "GPU busy (driver-sampled, no tracer)"
+    changed = [json.loads(line) for line in (MEASUREMENTS_DIR / "e4b-shape.jsonl").read_text().splitlines()]
+    latest = max(i for i, r in enumerate(changed) if r.get("preset") == "decode-goal")
+    sampled = {key: value for key, value in changed[latest].items() if key != "gpu_busy_sampled"}
+    unsampled = [r for i, r in enumerate(changed) if i != latest and not (r.get("preset") == "decode-goal"
+                                                                        and "gpu_busy_sampled" in r)]
+    for folder, with_share in (("with", True), ("without", False)):
+        record = {**sampled, "gpu_busy_sampled": {"share": 0.9137, "samples": 8}} if with_share else sampled
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "e4b-shape.jsonl").write_text("\n".join(json.dumps(r) for r in [*unsampled, record]) + "\n")
+    shown = records.table("decode-goal", tmp_path / "with")
+    row = dict(zip(shown.columns, next(r for r in shown.rows if r[0] == sampled["configuration"]["name"])))
+    assert row[column] == "91%"
+    assert column not in records.table("decode-goal", tmp_path / "without").columns

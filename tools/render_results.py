@@ -530,12 +530,11 @@ def render_goal_run() -> list:
         "The fused step under the 8 GB cap and on bf16: not yet measured (`make bench PRESET=decode-goal-cards`).")
 
 
-DECODE_CARDS = ("RTX 4060", "RTX 4050 Laptop", "RTX 3060", "Colab T4", "RTX 3090")
 
 
 def render_decode_on_cards(tuned: dict) -> list:
     """The recorded steps' speeds carried to learners' cards by the planner (derived, not measured)."""
-    from helpers import cards, planner, records
+    from helpers import planner, records
 
     fused = records.preset_records("decode-fused")
     steps = {"CUDA-graph step": tuned, "host-free step": records.preset_records("decode-host-free").get("host-free", {}),
@@ -549,19 +548,14 @@ def render_decode_on_cards(tuned: dict) -> list:
     if steps["host-free step, fused norms"] and "norms_fused" not in steps["host-free step, fused norms"]:
         steps = {("host-free step, few norms fused" if name == "host-free step, fused norms" else name): record
                  for name, record in steps.items()}  # see render_fused_norms
-    steps = {name: record for name, record in steps.items() if all(record.get(key) for key in planner.DECODE_RECORD_KEYS)}
-    if not steps:
+    table = planner.decode_on_cards(steps)
+    if not table:
         return []
-    by_name = {card.name: card for card in cards.LEARNER_CARDS}
-    gpus = " and ".join(sorted({record.get("gpu", "unnamed GPU") for record in steps.values()}))
-    lines = ["", "On a learner's card (`planner.decode_range`: the recorded bytes per token at the card's bandwidth, with "
-             "the recorded step's other time hidden or added in full; derived, not measured; that other time was the "
-             f"{gpus} host's):", "", "| card | " + " | ".join(steps) + " |", "|---|" + "---|" * len(steps)]
-    for name in DECODE_CARDS:
-        ranges = [planner.decode_range(record, by_name[name]) for record in steps.values()]
-        lines.append(f"| {name} ({by_name[name].bandwidth_gb_s:g} GB/s) | " + " | ".join(
-            f"{r.slowest_tokens_per_s:.0f}-{r.fastest_tokens_per_s:.0f} tokens/s, {r.bound}-bound" for r in ranges) + " |")
-    return lines
+    gpus = " and ".join(sorted({record.get("gpu", "unnamed GPU") for name, record in steps.items()
+                                if name in table.columns}))
+    return ["", "On a learner's card (`planner.decode_range`: the recorded bytes per token at the card's bandwidth, with "
+            "the recorded step's other time hidden or added in full; derived, not measured; that other time was the "
+            f"{gpus} host's):", "", *table.markdown().splitlines()]
 
 
 def render_fragmentation(reached: dict) -> list:

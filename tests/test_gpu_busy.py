@@ -1,0 +1,76 @@
+"""The driver-sampled GPU-busy share: only samples whose whole period lies in a decode window count, so a
+prefill or the host's pause between runs cannot raise or lower it; and the sampler collects NVML's samples
+once each, however often it asks."""
+
+from __future__ import annotations
+
+import time
+import types
+
+import pytest
+
+from lab import gpu_busy
+
+PERIOD_US = 100_000
+
+
+def samples_at(start_s: float, values: list) -> list:
+    return [(int(start_s * 1e6) + (i + 1) * PERIOD_US, value) for i, value in enumerate(values)]
+
+
+def test_a_prefill_before_the_decode_window_does_not_count_in_its_busy_share():
+    # 0.0-0.3 s prefill at 20%, 0.3-1.0 s decode at 90%, then 0.3 s of host work at 0%
+    samples = samples_at(0.0, [20, 20, 20] + [90] * 7 + [0, 0, 0])
+    found = gpu_busy.busy_in_windows(samples, [(0.3, 1.0)])
+    assert found == {"share": 0.9, "samples": 7, "period_ms": 100.0, "decode_windows": 1}
+    everything = gpu_busy.busy_in_windows(samples, [(0.0, 1.3)])  # control: the whole run, prefill and pause in
+    assert everything["share"] < 0.7
+
+
+def test_a_sample_whose_period_began_before_the_window_is_left_out():
+    samples = samples_at(0.0, [10, 95, 95, 95, 95])  # the first covers 0.0-0.1 s, before the decode began at 0.05
+    found = gpu_busy.busy_in_windows(samples, [(0.05, 0.5)])
+    assert (found["share"], found["samples"]) == (0.95, 4)
+
+
+@pytest.mark.parametrize("samples, windows", [([], [(0, 1)]), (samples_at(0.0, [90] * 3), []),
+                                              (samples_at(0.0, [90] * 10), [(0.0, 0.25)])],
+                         ids=["no-samples", "no-window", "window-shorter-than-three-periods"])
+def test_too_few_samples_inside_a_window_measure_nothing(samples, windows):
+    assert gpu_busy.busy_in_windows(samples, windows) is None
+
+
+def test_no_nvml_on_a_cpu_means_no_sampler():
+    assert gpu_busy.Sampler.open("cpu") is None
+
+
+class FakeNvml:
+    """NVML's sample buffer: every call returns every sample newer than the timestamp asked, one per period."""
+    NVML_GPU_UTILIZATION_SAMPLES = 1
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, percent: int):
+        self.percent, self.began = percent, time.time()
+
+    def nvmlDeviceGetSamples(self, handle, kind, last_seen):
+        now = time.time()
+        stamps = range(int(self.began * 1e6) + PERIOD_US // 10, int(now * 1e6), PERIOD_US // 10)
+        fresh = [types.SimpleNamespace(timeStamp=t, sampleValue=types.SimpleNamespace(uiVal=self.percent))
+                 for t in stamps if t > last_seen]
+        if not fresh:
+            raise self.NVMLError("not found")
+        return kind, fresh
+
+
+def test_the_sampler_keeps_each_sample_once_and_measures_the_windows_it_was_told(monkeypatch):
+    monkeypatch.setattr(gpu_busy, "POLL_S", 0.05)
+    sampler = gpu_busy.Sampler(FakeNvml(87), handle=None)
+    time.sleep(0.6)
+    sampler.decoded(0.5)
+    result = sampler.result()
+    stamps = [t for t, _ in sampler._samples]
+    assert len(stamps) == len(set(stamps)) and result["samples_seen"] == len(stamps)
+    assert result["share"] == 0.87 and 30 <= result["samples"] <= 50, result
+    assert 0 <= result["newest_sample_age_s"] < 1
