@@ -55,8 +55,10 @@ class Sampler:
             import pynvml
 
             pynvml.nvmlInit()
-            uuid = torch.cuda.get_device_properties(device).uuid
-            handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+            try:  # torch's index counts only the visible GPUs; the UUID names the same one for NVML
+                handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{torch.cuda.get_device_properties(device).uuid}")
+            except pynvml.NVMLError:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
         except Exception:  # noqa: BLE001 - no NVML here: the record says so by leaving the figure out
             return None
         return cls(pynvml, handle)
