@@ -449,9 +449,15 @@ def render_step_run(preset: str, step: str, heading: str, not_yet: str) -> list:
     untraced = (f" Traced, a step of {step} took {timing['traced_ms']:.2f} ms, {timing['kernel_ms']:.2f} ms of it in "
                 f"kernels; untraced it took {timing['untraced_ms']:.2f} ms, so its kernels fill {timing['share']:.0%} of "
                 "the untraced step (the tracer's own gaps between kernels left out)." if timing else "")
+    sampled = (run.get(step) or {}).get("gpu_busy_sampled") or {}
+    beside = records.sampled_busy(run.get("cudagraphs", {}))
+    driver = (f" The driver's own sampler (NVML, no tracer attached) found the GPU busy {sampled['share']:.0%} of "
+              f"{step}'s timed decode ({sampled['samples']} whole periods of {sampled['period_ms']:g} ms)"
+              + (f", against {beside:.0%} for the CUDA-graph step." if beside is not None else ".")
+              if sampled.get("share") is not None else "")
     return ["", heading, "", records.table(preset).markdown(), "",
             f"Recorded by `{next(iter(run.values()))['command']}`.{ratio} The profile covers "
-            f"{records.profile_covers(next((r for r in run.values() if r.get('profile')), {}))}.{untraced}"]
+            f"{records.profile_covers(next((r for r in run.values() if r.get('profile')), {}))}.{untraced}{driver}"]
 
 
 def cited_speeds() -> str:
