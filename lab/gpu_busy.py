@@ -14,6 +14,7 @@ import time
 
 POLL_S = 0.25  # how often the thread empties the driver's sample buffer (it holds a few seconds at most)
 MIN_SAMPLES = 3  # fewer whole periods inside the windows measure nothing
+MIN_DECODE_S = 3.0  # decode this long at least while sampling: several whole periods even for a fast step
 
 
 def busy_in_windows(samples: list, windows: list) -> dict | None:
@@ -82,6 +83,11 @@ class Sampler:
         """A decode of ``seconds`` ended just now (the caller synchronized)."""
         end = time.time()
         self._windows.append((end - seconds, end))
+
+    @property
+    def decoded_s(self) -> float:
+        """The seconds of decoding marked so far."""
+        return sum(end - start for start, end in self._windows)
 
     def result(self) -> dict | None:
         time.sleep(2 * POLL_S)  # the last window's samples reach the buffer

@@ -366,6 +366,8 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
                 busy.decoded(result.decode_s)
             return result
         timed = [second] + [sampled() for _ in range(decode_runs)]
+        while busy is not None and busy.decoded_s < gpu_busy.MIN_DECODE_S:  # enough whole sample periods; not timed
+            sampled()
     except torch.OutOfMemoryError:
         record["greedy_oom"] = True
         return

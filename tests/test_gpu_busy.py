@@ -74,3 +74,11 @@ def test_the_sampler_keeps_each_sample_once_and_measures_the_windows_it_was_told
     assert len(stamps) == len(set(stamps)) and result["samples_seen"] == len(stamps)
     assert result["share"] == 0.87 and 30 <= result["samples"] <= 50, result
     assert 0 <= result["newest_sample_age_s"] < 1
+
+
+def test_the_sampler_counts_the_decoding_it_was_told_of(monkeypatch):
+    sampler = gpu_busy.Sampler(FakeNvml(50), handle=None)
+    sampler.decoded(0.5)
+    sampler.decoded(1.25)
+    assert sampler.decoded_s == pytest.approx(1.75)
+    sampler.result()
