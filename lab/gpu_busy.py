@@ -14,7 +14,8 @@ import time
 
 POLL_S = 0.25  # how often the thread empties the driver's sample buffer (it holds a few seconds at most)
 MIN_SAMPLES = 3  # fewer whole periods inside the windows measure nothing
-MIN_DECODE_S = 3.0  # decode this long at least while sampling: several whole periods even for a fast step
+MIN_DECODE_S = 3.0  # decode at least this long while sampling, and on until MIN_SAMPLES whole periods fell inside
+MAX_DECODE_S = 30.0  # ... or this long: NVML's period is 1/6 s to 1 s depending on the GPU
 
 
 def busy_in_windows(samples: list, windows: list) -> dict | None:
@@ -41,7 +42,7 @@ class Sampler:
     def __init__(self, nvml, handle):
         self._nvml, self._handle = nvml, handle
         self._samples, self._windows, self._last = [], [], 0
-        self._stop = threading.Event()
+        self._stop, self._lock = threading.Event(), threading.Lock()
         self._thread = threading.Thread(target=self._collect, daemon=True, name="nvml-busy")
         self._thread.start()
 
@@ -65,6 +66,10 @@ class Sampler:
         return cls(pynvml, handle)
 
     def _drain(self) -> None:
+        with self._lock:
+            self._drain_unlocked()
+
+    def _drain_unlocked(self) -> None:
         try:
             _, samples = self._nvml.nvmlDeviceGetSamples(self._handle, self._nvml.NVML_GPU_UTILIZATION_SAMPLES,
                                                          self._last)
@@ -88,6 +93,16 @@ class Sampler:
     def decoded_s(self) -> float:
         """The seconds of decoding marked so far."""
         return sum(end - start for start, end in self._windows)
+
+    def wants_more(self) -> bool:
+        """Whether another decode should be sampled: under ``MIN_DECODE_S`` so far, or under ``MAX_DECODE_S`` with
+        fewer than ``MIN_SAMPLES`` whole periods inside the windows yet."""
+        if self.decoded_s < MIN_DECODE_S:
+            return True
+        self._drain()
+        with self._lock:
+            samples = sorted(self._samples)
+        return self.decoded_s < MAX_DECODE_S and busy_in_windows(samples, self._windows) is None
 
     def result(self) -> dict | None:
         time.sleep(2 * POLL_S)  # the last window's samples reach the buffer

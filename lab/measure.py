@@ -366,7 +366,7 @@ def _measure_decoding(model, tokenizer, device, record: dict, *, decode: str, ne
                 busy.decoded(result.decode_s)
             return result
         timed = [second] + [sampled() for _ in range(decode_runs)]
-        while busy is not None and busy.decoded_s < gpu_busy.MIN_DECODE_S:  # enough whole sample periods; not timed
+        while busy is not None and busy.wants_more():  # enough whole sample periods; these runs are not timed
             sampled()
     except torch.OutOfMemoryError:
         record["greedy_oom"] = True

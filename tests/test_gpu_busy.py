@@ -82,3 +82,20 @@ def test_the_sampler_counts_the_decoding_it_was_told_of(monkeypatch):
     sampler.decoded(1.25)
     assert sampler.decoded_s == pytest.approx(1.75)
     sampler.result()
+
+
+def test_the_sampler_asks_for_more_decoding_until_enough_whole_periods_fell_inside(monkeypatch):
+    monkeypatch.setattr(gpu_busy, "MIN_DECODE_S", 0.0)
+    sampler = gpu_busy.Sampler(FakeNvml(50), handle=None)
+    time.sleep(0.05)
+    sampler.decoded(0.02)  # two of the fake's 10 ms periods at most
+    assert sampler.wants_more()
+    time.sleep(0.2)
+    sampler.decoded(0.15)
+    assert not sampler.wants_more()
+    monkeypatch.setattr(gpu_busy, "MAX_DECODE_S", 0.1)  # the cap: a GPU whose samples never come stops asking
+    stalled = gpu_busy.Sampler(FakeNvml(50), handle=None)
+    stalled.decoded(0.2)
+    stalled._samples.clear()
+    assert not stalled.wants_more()
+    sampler.result(), stalled.result()
