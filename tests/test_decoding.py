@@ -465,3 +465,27 @@ def test_a_decode_profile_counts_the_gpu_work_its_launches_started_even_after_th
     assert summary.device_busy_fraction == pytest.approx(0.4)
     assert summary.by_step["kernels"] == 1.5 and summary.by_step["top_kernels"][0] == {"name": "gemv", "share": 0.5714,  # of 70 µs of work
                                                                                   "per_forward": 1.0, "mean_us": 20.0}
+
+
+def test_the_decode_measurement_samples_busy_beyond_its_timed_runs_without_timing_the_extra_ones(nf4, tokenizer,
+                                                                                                  tmp_path, monkeypatch):
+    """On a GPU, lab.gpu_busy's sampler runs beside the timed decodes and asks for untimed ones until enough whole
+    periods fell inside; here a sampler whose every period is 70% busy stands in for NVML."""
+    from test_gpu_busy import FakeNvml
+
+    from lab import gpu_busy
+
+    opened = []
+
+    def fake_open(device):
+        opened.append(gpu_busy.Sampler(FakeNvml(70), handle=None))
+        return opened[-1]
+
+    monkeypatch.setattr(gpu_busy.Sampler, "open", staticmethod(fake_open))
+    monkeypatch.setattr(gpu_busy, "MIN_DECODE_S", 0.5)
+    record = {"model": "tiny", "quant": "nf4", "ple": "cpu"}
+    lab_measure._measure_decoding(nf4, tokenizer, torch.device("cpu"), record, decode="generate", new_tokens=6,
+                                  decode_runs=1, greedy_context=32, logits_out=None, profile_trace=None, profile_steps=4)
+    assert len(record["decode_tokens_per_s_runs"]) == 2  # the second run and one timed: the extra ones not among them
+    assert opened[0].decoded_s >= 0.5 and len(opened[0]._windows) > 1
+    assert record["gpu_busy_sampled"]["share"] == 0.7 and record["gpu_busy_sampled"]["samples"] >= 3
