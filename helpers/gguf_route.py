@@ -4,8 +4,8 @@ the way, and where llama.cpp keeps the Per-Layer-Embedding table.
 
 The converter is not in the wheel: it ships in llama-cpp-python's source distribution, under
 ``vendor/llama.cpp``, beside the llama.cpp the wheel was built from. ``converter_dir`` finds it
-(``$LLAMA_CPP_SOURCE``, which ``make llama-cpp`` sets, or the course cache) or extracts it from that
-source distribution.
+(``$LLAMA_CPP_SOURCE``, the folder ``make llama-cpp`` extracts it to, or the course cache) or extracts it
+from that source distribution.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from .errors import (
     require_whole_number,
 )
 from .measure import prompt_ids
-from .paths import GGUF_DIR, cache_dir, write_text_atomically
+from .paths import GGUF_DIR, REPO_ROOT, cache_dir, write_text_atomically
 from .placement import compute_device_of
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # its vendored llama.cpp has the Gemma 4 graph and converter
@@ -48,6 +48,9 @@ GGUF_VERSION = "0.19.0"
 INSTALL = f"pip install llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} gguf=={GGUF_VERSION}"
 SOURCE_ENV = "LLAMA_CPP_SOURCE"  # a folder holding llama.cpp's convert_hf_to_gguf.py
 CONVERTER = "convert_hf_to_gguf.py"
+# where `make llama-cpp` extracts it (the Makefile's LLAMA_CPP_SOURCE), looked in also when JupyterLab was started
+# without make, which is what exports LLAMA_CPP_SOURCE
+MADE_CONVERTER_DIR = REPO_ROOT / ".cache" / f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}" / "llama.cpp"
 # what the converter needs from the source distribution: itself, its model classes, the gguf-py it puts
 # first on its path (written with it), and Google's Gemma 4 templates that llama.cpp keeps for its tests
 SOURCE_PARTS = (CONVERTER, "conversion/", "gguf-py/", "models/templates/google-gemma-4-")
@@ -84,7 +87,7 @@ def _has_converter(folder) -> bool:
 
 def find_converter() -> Path | None:
     """The folder holding llama.cpp's converter, if it is on this machine already."""
-    for folder in (os.environ.get(SOURCE_ENV), cache_dir() / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"):
+    for folder in (os.environ.get(SOURCE_ENV), MADE_CONVERTER_DIR, cache_dir() / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"):
         if _has_converter(folder):
             return Path(folder).resolve()
     return None

@@ -211,3 +211,27 @@ def test_a_failed_converter_download_is_named_in_one_clean_sentence_without_pips
     with pytest.raises(LlamaCppMissingError) as missing:
         gguf_route.converter_dir()
     assert "(ERROR: No matching distribution found)" in str(missing.value) and "\x1b" not in str(missing.value)
+
+
+def test_the_converter_make_extracted_is_found_without_llama_cpp_source_set(monkeypatch, tmp_path):
+    """JupyterLab started without make (python -m helpers.course lab) has no LLAMA_CPP_SOURCE: notebook 08 must still
+    find the converter `make llama-cpp` extracted, not fall back to pip downloading the source."""
+    made = tmp_path / "made" / "llama.cpp"
+    monkeypatch.delenv(gguf_route.SOURCE_ENV, raising=False)
+    monkeypatch.setenv("GEMMA_COURSE_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(gguf_route, "MADE_CONVERTER_DIR", made)
+    assert gguf_route.find_converter() is None  # the control: nothing there yet
+    made.mkdir(parents=True)
+    (made / gguf_route.CONVERTER).write_text("# llama.cpp's converter\n")
+    assert gguf_route.find_converter() == made.resolve()
+
+
+def test_the_converter_folder_the_course_looks_in_is_the_one_the_makefile_extracts_to():
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    version = next(line.split(":=")[1].strip() for line in makefile.splitlines() if line.startswith("LLAMA_CPP_PYTHON :="))
+    folder = next(line.split(":=")[1].strip() for line in makefile.splitlines() if line.startswith("LLAMA_CPP_DIR :="))
+    source = next(line.split(":=")[1].strip() for line in makefile.splitlines()
+                  if line.startswith("export LLAMA_CPP_SOURCE :="))
+    made = source.replace("$(CURDIR)/", "").replace("$(LLAMA_CPP_DIR)", folder).replace("$(LLAMA_CPP_PYTHON)", version)
+    assert version == gguf_route.LLAMA_CPP_PYTHON_VERSION
+    assert gguf_route.MADE_CONVERTER_DIR == Path(__file__).resolve().parents[1] / made
