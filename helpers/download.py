@@ -274,15 +274,15 @@ def download_bars():
 
     class PlainHttpBar(hub_tqdm):
         def __init__(self, *args, name: str | None = None, **kwargs):
+            self._plain_bytes = name == BYTES_WRITTEN_BAR
             if name == BYTES_RECEIVED_BAR:
                 kwargs["disable"] = True
-            elif name == BYTES_WRITTEN_BAR:
+            elif self._plain_bytes:
                 kwargs["desc"] = "Downloading"
             super().__init__(*args, name=name, **kwargs)
-            self._plain_bytes = name == BYTES_WRITTEN_BAR
 
         def set_description(self, desc=None, refresh=True):
-            if getattr(self, "_plain_bytes", False) and str(desc).startswith("Reconstruct"):
+            if self._plain_bytes and str(desc).startswith("Reconstruct"):
                 desc = "Download complete"
             super().set_description(desc, refresh)
 

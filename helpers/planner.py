@@ -443,9 +443,12 @@ class DecodeRange:
     fastest_tokens_per_s: float  # the other time hidden behind the reading: the card's bandwidth alone
     bound: str  # "bandwidth" or "latency": the larger share of a token's time on this card
 
+    def speeds(self) -> str:
+        """The range and what bounds it, as the card tables show it."""
+        return f"{self.slowest_tokens_per_s:.0f}-{self.fastest_tokens_per_s:.0f} tokens/s, {self.bound}-bound"
+
     def __str__(self) -> str:
-        return (f"{self.card}: {self.slowest_tokens_per_s:.0f}-{self.fastest_tokens_per_s:.0f} tokens/s, "
-                f"{self.bound}-bound")
+        return f"{self.card}: {self.speeds()}"
 
 
 DECODE_RECORD_KEYS = ("decode_tokens_per_s", "bytes_read_per_token", "copy_bandwidth_bytes_per_s")
@@ -474,10 +477,13 @@ DECODE_CARDS = ("RTX 4060", "RTX 4050 Laptop", "RTX 3060", "Colab T4", "RTX 3090
 def decode_on_cards(steps: dict) -> Table:
     """Each recorded decode step (name -> record) carried to learners' cards by ``decode_range``: one row per card of
     ``DECODE_CARDS``, one column per step; steps missing a ``DECODE_RECORD_KEYS`` figure are left out."""
+    if not isinstance(steps, dict) or not all(isinstance(record, dict) for record in steps.values()):
+        raise InvalidChoiceError(f"steps={type(steps).__name__} is not a dict of step name -> decode record; pass e.g. "
+                                 f"{{'cudagraphs': records.preset_records('decode-goal')['cudagraphs']}}.")
     steps = {name: record for name, record in steps.items() if all(record.get(key) for key in DECODE_RECORD_KEYS)}
     by_name = {card.name: card for card in LEARNER_CARDS}
     rows = tuple((f"{name} ({by_name[name].bandwidth_gb_s:g} GB/s)",
-                  *(str(decode_range(record, by_name[name])).split(": ", 1)[1] for record in steps.values()))
+                  *(decode_range(record, by_name[name]).speeds() for record in steps.values()))
                  for name in DECODE_CARDS) if steps else ()
     return Table(("card", *steps), rows, "derived by planner.decode_range from the recorded bytes per token and speed")
 

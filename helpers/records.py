@@ -483,6 +483,9 @@ def _decode_speed(directory: Path, preset: str = "decode-speed", reference: str 
 def sampled_busy(record: dict) -> float | None:
     """The share of the timed decode in which the GPU ran a kernel, from the driver's utilization samples (NVML)
     with no tracer attached; None where it was not sampled (a CPU, or a record older than the sampler)."""
+    if not isinstance(record, dict):
+        raise InvalidChoiceError(f"record={type(record).__name__} is not a decode record; pass one of "
+                                 f"records.preset_records(preset)'s values.")
     return (record.get("gpu_busy_sampled") or {}).get("share")
 
 

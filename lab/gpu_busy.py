@@ -12,6 +12,8 @@ import statistics
 import threading
 import time
 
+from helpers.errors import InvalidChoiceError, require_number
+
 POLL_S = 0.25  # how often the thread empties the driver's sample buffer (it holds a few seconds at most)
 MIN_SAMPLES = 3  # fewer whole periods inside the windows measure nothing
 MIN_DECODE_S = 3.0  # decode at least this long while sampling, and on until MIN_SAMPLES whole periods fell inside
@@ -22,6 +24,9 @@ def busy_in_windows(samples: list, windows: list) -> dict | None:
     """The mean utilization of the ``samples`` ((timestamp µs, percent), in time order) whose period lies wholly
     inside one of the ``windows`` ((start s, end s) on the same clock), with their count and the period; None
     where fewer than ``MIN_SAMPLES`` do. A sample at time t covers the period before it."""
+    if not isinstance(samples, list) or not isinstance(windows, list):
+        raise InvalidChoiceError(f"samples={type(samples).__name__} and windows={type(windows).__name__} must be lists: "
+                                 f"of (timestamp µs, percent) and of (start s, end s).")
     times = sorted({t for t, _ in samples})
     if len(times) < 2 or not windows:
         return None
@@ -78,7 +83,7 @@ class Sampler:
         for sample in samples:
             if sample.timeStamp > self._last:
                 self._samples.append((sample.timeStamp, sample.sampleValue.uiVal))
-        self._last = max([self._last, *(t for t, _ in self._samples)])
+                self._last = sample.timeStamp
 
     def _collect(self) -> None:
         while not self._stop.wait(POLL_S):
@@ -86,6 +91,7 @@ class Sampler:
 
     def decoded(self, seconds: float) -> None:
         """A decode of ``seconds`` ended just now (the caller synchronized)."""
+        require_number(seconds, "seconds")
         end = time.time()
         self._windows.append((end - seconds, end))
 

@@ -416,6 +416,10 @@ CASES += [
     ("random stream of seed True", lambda i: synthetic.tensor_key(True, "x"), "InvalidChoiceError", "seed="),
     ("nearest names, none asked", lambda i: placement.nearest_names("x", ["a"], 0), "InvalidChoiceError", "n="),
     ("profile range of -1 forwards", lambda i: decoding.decode_range(-1), "InvalidChoiceError", "forwards="),
+    ("card table of a list of records", lambda i: planner.decode_on_cards([{"decode_tokens_per_s": 1.0}]),
+     "InvalidChoiceError", "steps="),
+    ("sampled busy share of a table row", lambda i: records.sampled_busy(("cudagraphs", "68.3")), "InvalidChoiceError",
+     "record="),
 ]
 
 

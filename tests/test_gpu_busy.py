@@ -99,3 +99,18 @@ def test_the_sampler_asks_for_more_decoding_until_enough_whole_periods_fell_insi
     stalled._samples.clear()
     assert not stalled.wants_more()
     sampler.result(), stalled.result()
+
+
+@pytest.mark.parametrize("call, message", [(lambda s: gpu_busy.busy_in_windows("90%", []), "samples="),
+                                           (lambda s: s.decoded("1.4"), "seconds="),
+                                           (lambda s: s.decoded(float("nan")), "seconds=")],
+                         ids=["samples-as-text", "seconds-as-text", "seconds-nan"])
+def test_bad_samples_or_decode_times_are_refused_in_one_sentence(call, message):
+    from helpers.errors import CourseError
+
+    sampler = gpu_busy.Sampler(FakeNvml(50), handle=None)
+    try:
+        with pytest.raises(CourseError, match=message):
+            call(sampler)
+    finally:
+        sampler.result()

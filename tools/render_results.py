@@ -449,12 +449,12 @@ def render_step_run(preset: str, step: str, heading: str, not_yet: str) -> list:
     untraced = (f" Traced, a step of {step} took {timing['traced_ms']:.2f} ms, {timing['kernel_ms']:.2f} ms of it in "
                 f"kernels; untraced it took {timing['untraced_ms']:.2f} ms, so its kernels fill {timing['share']:.0%} of "
                 "the untraced step (the tracer's own gaps between kernels left out)." if timing else "")
-    sampled = (run.get(step) or {}).get("gpu_busy_sampled") or {}
-    beside = records.sampled_busy(run.get("cudagraphs", {}))
-    driver = (f" The driver's own sampler (NVML, no tracer attached) found the GPU busy {sampled['share']:.0%} of "
-              f"{step}'s timed decode ({sampled['samples']} whole periods of {sampled['period_ms']:g} ms)"
+    sampled, beside = records.sampled_busy(run.get(step, {})), records.sampled_busy(run.get("cudagraphs", {}))
+    periods = (run.get(step) or {}).get("gpu_busy_sampled") or {}
+    driver = (f" The driver's own sampler (NVML, no tracer attached) found the GPU busy {sampled:.0%} of "
+              f"{step}'s timed decode ({periods['samples']} whole periods of {periods['period_ms']:g} ms)"
               + (f", against {beside:.0%} for the CUDA-graph step." if beside is not None else ".")
-              if sampled.get("share") is not None else "")
+              if sampled is not None else "")
     return ["", heading, "", records.table(preset).markdown(), "",
             f"Recorded by `{next(iter(run.values()))['command']}`.{ratio} The profile covers "
             f"{records.profile_covers(next((r for r in run.values() if r.get('profile')), {}))}.{untraced}{driver}"]
@@ -534,8 +534,6 @@ def render_goal_run() -> list:
         "**The fused step under the 8 GB cap and on bf16**, beside the CUDA-graph step of the same run (bf16 has no NF4 "
         "layer to swap: its projections stay cuBLAS's):",
         "The fused step under the 8 GB cap and on bf16: not yet measured (`make bench PRESET=decode-goal-cards`).")
-
-
 
 
 def render_decode_on_cards(tuned: dict) -> list:
