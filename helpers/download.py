@@ -187,6 +187,16 @@ def explain_hub_error(err: Exception, repo_id: str) -> CourseError | None:
     return None
 
 
+def _first_line(err: Exception, limit: int = 400) -> str:
+    """An error's first line for the list of failed attempts: whole, so a URL keeps its file name; a line past
+    ``limit`` ends at a word with an ellipsis, never inside a word."""
+    line = next(iter(str(err).splitlines()), "")
+    if len(line) <= limit:
+        return line
+    cut = line.rfind(" ", 0, limit)
+    return line[:cut if cut > 0 else limit].rstrip() + " …"
+
+
 def _is_offline_miss(err: Exception) -> bool:
     # during a download a "not in the local cache" error means the connection dropped: retry it
     from huggingface_hub.errors import LocalEntryNotFoundError
@@ -248,7 +258,7 @@ def download(repo_id: str, local_dir, *, endpoint: str | None = None, allow_patt
                     f"The disk holding {local_dir} is full: free about 16 GB or pass a local_dir on a larger disk; "
                     f"finished files are kept and the next run continues."
                 ) from None
-            errors.append(f"attempt {attempt}: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}")
+            errors.append(f"attempt {attempt}: {type(err).__name__}: {_first_line(err)}")
         if attempt < max_attempts:
             sleep(min(max_wait_s, first_wait_s * 2 ** (attempt - 1)))
     raise DownloadFailedError(

@@ -161,6 +161,25 @@ def test_a_full_disk_stops_at_once_and_says_what_to_free(monkeypatch, tmp_path):
         download.download(REPO, tmp_path, max_attempts=5, sleep=lambda s: None)
 
 
+def test_a_failed_attempt_keeps_its_errors_whole_first_line_not_cut_inside_a_url(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    url = "http://127.0.0.1:8090/google/gemma-4-E4B-it/resolve/" + "a" * 40 + "/chat_template.jinja"
+    raised = iter([ConnectionError(f"Server error '503 Service Unavailable' for url '{url}'\nmore detail"),
+                   ConnectionError("word " * 200)])
+
+    def failing(*args, **kwargs):
+        raise next(raised)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", failing)
+    with pytest.raises(download.DownloadFailedError) as failed:
+        download.download(REPO, tmp_path, max_attempts=2, sleep=lambda s: None)
+    first, second = failed.value.attempt_errors
+    assert first.endswith(f"for url '{url}'")  # the old 160-character cut ended it at ".../chat_template.jinj"
+    assert "more detail" not in first
+    assert second.endswith("word …") and len(second) < 450  # a runaway line ends at a word
+
+
 def test_use_mirror_before_the_hub_is_imported_takes_effect_and_after_it_refuses():
     before = subprocess.run(
         [sys.executable, "-c", "from helpers import download; download.use_mirror('http://127.0.0.1:9'); "
