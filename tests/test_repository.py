@@ -571,6 +571,36 @@ def test_the_headline_shows_the_exact_step_fastest_against_its_own_runs_cuda_gra
     assert "160.0 tokens/s" in headline(175.0, identical=False)  # faster but not identical: not the exact headline
 
 
+def test_the_headline_lets_a_run_that_measured_both_steps_side_by_side_decide_over_ratios_from_two_runs(
+        tmp_path, monkeypatch):
+    """An older run's slightly higher ratio to its own CUDA-graph step must not beat a step that ran faster than it
+    in one run that measured both (ratios of two runs differ by noise; one run's side-by-side does not)."""
+    import functools
+
+    from helpers import records
+
+    tool = _tool("render_results")
+
+    def record(preset, name, rate):
+        return {"configuration": {"model": "e4b-shape", "name": name, "ple": "cpu", "quant": "nf4", "card_gb": None},
+                "preset": preset, "command": f"python -m lab.bench {preset}", "recorded_at": "2026-12-06T00:00:00",
+                "decode_tokens_per_s": rate, "bandwidth_limit_tokens_per_s": 1000.0, "gpu": "G",
+                "identity": {"identical": True, "steps": 256}}
+
+    def headline(gemv_in_goal_run):
+        rows = (record("decode-gemv", "cudagraphs", 70.0), record("decode-gemv", "host-free-fused-gemv", 183.0),
+                record("decode-goal", "cudagraphs", 71.0), record("decode-goal", "host-free-fused-gemv", gemv_in_goal_run),
+                record("decode-goal", "host-free-fused-cache", 184.0))
+        (tmp_path / "e4b-shape.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        return "\n".join(tool.fused_step_headline())
+
+    monkeypatch.setattr(records, "preset_records", functools.partial(records.preset_records, directory=tmp_path))
+    # 183/70 = 2.61x beats 184/71 = 2.59x as ratios, but the goal run measured its cache step faster than the gemv step
+    assert "184.0 tokens/s" in headline(178.0) and "decode-goal" in headline(178.0)
+    # the control: the same run measured the gemv step faster, so the gemv step is the headline
+    assert "183.0 tokens/s" in headline(186.0) and "decode-gemv" in headline(186.0)
+
+
 def test_the_driver_sampled_busy_share_shows_as_a_column_only_in_a_run_that_sampled_it(tmp_path):
     from helpers import records
     from helpers.paths import MEASUREMENTS_DIR
@@ -589,3 +619,15 @@ def test_the_driver_sampled_busy_share_shows_as_a_column_only_in_a_run_that_samp
     row = dict(zip(shown.columns, next(r for r in shown.rows if r[0] == sampled["configuration"]["name"])))
     assert row[column] == "91%"
     assert column not in records.table("decode-goal", tmp_path / "without").columns
+
+
+def test_the_committed_outputs_name_the_notebooks_a_run_covered_not_a_glob_over_all_of_them():
+    """A course run over three notebooks must not be cited as having run `notebooks/*.ipynb`."""
+    from helpers.paths import NOTEBOOKS_DIR
+
+    tool = _tool("render_results")
+    every = [f"notebooks/{path.name}" for path in sorted(NOTEBOOKS_DIR.glob("*.ipynb"), reverse=True)]
+    head = "CARD_GB=8 python tools/run_course.py --record --save-outputs --jobs 3"
+    assert tool.course_command(f"{head} {' '.join(every)}") == f"{head} notebooks/*.ipynb"
+    some = tool.course_command(f"{head} {every[0]} {every[-1]}")
+    assert some == f"{head} {every[-1]} {every[0]}" and "*" not in some
