@@ -779,10 +779,20 @@ def course_run_entries() -> dict:
 
 
 def render_committed_outputs() -> str:
+    import nbformat
+
+    from tools import run_course
+
     entries = course_run_entries()
     by_run: dict = {}
+    behind = []
     for name, run in committed_runs().items():
         by_run.setdefault(run["id"] if run else None, []).append(name[:2])
+        superseded = run_course.superseded_record_outputs(nbformat.read(REPO_ROOT / "notebooks" / name, as_version=4))
+        if superseded:
+            tables = ", ".join(dict.fromkeys(f"`{table}`" for _, table in superseded))
+            behind.append(f"- notebook {name[:2]} shows {tables} as the records stood at its run; a benchmark has "
+                          f"recorded since, so the tables above are newer until the notebook runs again on a GPU")
     lines = []
     for run_id, numbers in by_run.items():
         shown = ", ".join(numbers)
@@ -795,7 +805,7 @@ def render_committed_outputs() -> str:
         versions = ", ".join(f"{name} {first['versions'][name]}" for name in ("torch", "transformers", "bitsandbytes"))
         lines.append(f"- notebooks {shown}: run `{run_id}`, `{record['model']}` on {first['device']} {card}, "
                      f"{first['date']}; {versions}. `{course_command(first['command'])}`")
-    return "\n".join(lines)
+    return "\n".join(lines + behind)
 
 
 def course_command(command: str) -> str:

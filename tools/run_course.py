@@ -46,6 +46,35 @@ def stale_cells(nb) -> list:
     return [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.get("outputs") and cell_hash(c) not in ran]
 
 
+def cell_text(cell) -> str:
+    """What a code cell's outputs show as text: its printed streams and the plain text of what it displayed."""
+    return "".join("".join(out.get("text") or out.get("data", {}).get("text/plain") or "") for out in cell.get("outputs", []))
+
+
+def superseded_record_outputs(nb) -> list:
+    """(cell index, table) for each recorded table a cell shows otherwise than the records show it now: a benchmark
+    ran after the notebook did, so its outputs are older than docs/results.md (run the notebook again). The tables
+    are those a cell names by ``records.table("<name>")`` or a literal it loops over, and the planner's cards."""
+    import ast
+
+    from helpers import planner, records
+
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not cell.get("outputs"):
+            continue
+        views = {}
+        if "records.table(" in cell.source:
+            names = [node.value for node in ast.walk(ast.parse(cell.source))
+                     if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in records.TABLES]
+            views |= {name: (lambda name=name: records.table(name)) for name in names}
+        if "planner.recorded_decode_on_cards()" in cell.source:
+            views["planner.recorded_decode_on_cards()"] = planner.recorded_decode_on_cards
+        shown = cell_text(cell)
+        found += [(i, what) for what, view in views.items() if str(view() or "") not in shown]
+    return found
+
+
 def clear_stale(path: Path) -> int:
     """Drop the outputs of the cells edited since the notebook's run; returns how many were cleared."""
     import nbformat
