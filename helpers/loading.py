@@ -30,7 +30,7 @@ from .errors import (
     require_module_names,
 )
 from .models import Source
-from .noise import NO_KERNELS_PACKAGE, silenced
+from .noise import CPU_ENTRY_IN_MAP, NO_KERNELS_PACKAGE, silenced
 from .placement import PLACEMENTS, Placement
 from .quantization import QUANTS, Quant, quantization_config
 from .weights import GPU_HEADROOM_BYTES, WeightEstimate, meta_model, weight_bytes
@@ -287,7 +287,8 @@ def load_model(
     skeleton = meta_model(config)
     if ple == "cpu":
         placement.require_ple(skeleton)
-    if device_map is None:
+    course_map = device_map is None  # each of its "cpu" entries is served from the CPU after loading, below
+    if course_map:
         device_map = course_device_map(skeleton, _map_value(target), ple, towers, head)
     else:
         placement.validate_device_map(skeleton, device_map)
@@ -310,7 +311,10 @@ def load_model(
     kwargs.update(from_pretrained_kwargs)
     model, threads_before = None, set(threading.enumerate())
     try:
-        model = models.auto_class_for(config).from_pretrained(path, **kwargs)
+        # accelerate says a "cpu" entry's weights were offloaded to meta; with the course's map that stops being true
+        # once the lookups below take the weights back, so only a learner's own map hears it
+        with silenced(*([CPU_ENTRY_IN_MAP] if course_map else [])):
+            model = models.auto_class_for(config).from_pretrained(path, **kwargs)
         model.eval()
         if ple == "cpu":
             for name in placement.require_ple(model):

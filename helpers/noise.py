@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import sys
+import tempfile
 import warnings
 
 # (the logger that says it, the message) for each expected message
@@ -17,10 +20,17 @@ ABSENT_DEVICE = ("accelerate.utils.modeling", r"Device \d+ is not available")
 # package when it is imported, and falls back to its own without it (CPU runs of the tiny model only)
 NO_KERNELS_PACKAGE = ("bitsandbytes.backends.cpu.ops", r"Failed to load CPU gemm_4bit_forward from kernels-community")
 
-# dispatch_model warns about offloaded weights whenever a map has a "cpu" entry, none offloaded or not (notebook 09)
+# dispatch_model warns about offloaded weights whenever a map has a "cpu" entry; the course's own lookups then take
+# them back to the CPU, so the warning is false wherever the course made the map (load_model, notebook 09's step)
 CPU_ENTRY_IN_MAP = ("accelerate.big_modeling", r"Some parameters are on the meta device")
 # torch._dynamo.explain of a step with accelerate's hooks recompiles each hooked module kind (notebook 09)
 HOOKED_RECOMPILES = ("torch._dynamo.convert_frame", r"hit config\.recompile_limit")
+# torch 2.11 warns, at a profiler's start, that events do not carry across cycles; each of the course's profiles is
+# one cycle (notebook 09)
+PROFILER_ONE_CYCLE = ("torch.profiler.profiler", r"(Warning: )?Profiler clears events at the end of each cycle")
+# torch's profiler library (kineto) in torch 2.12 and later writes a line at each profiler start and stop, from C++
+# straight to the process's stderr (notebook 09)
+PROFILER_MARKS = "USDT:"
 
 
 class _Drop(logging.Filter):
@@ -50,3 +60,25 @@ def silenced(*expected):
         finally:
             for logger, drop in handlers:
                 logger.removeFilter(drop)
+
+
+@contextlib.contextmanager
+def native_lines_dropped(prefix: str):
+    """Drop the lines starting with ``prefix`` that native code writes to the process's stderr (file descriptor 2,
+    which no Python filter sees) inside the block; every other line is written on to ``sys.stderr`` after it."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not line.startswith(prefix))
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()

@@ -233,3 +233,33 @@ def test_a_failed_load_empties_the_cache_only_after_the_loader_threads_transform
     loading.give_back_failed_load(caught.value, threads_before=set(threading.enumerate()))  # the control: no wait
     assert done_at_release == [True, False]
     _LoaderLeftRunning.copy_done.wait(5)
+
+
+OFFLOADED_TO_META = "Some parameters are on the meta device because they were offloaded to the cpu."
+
+
+@pytest.mark.parametrize("own_map", [False, True], ids=["course-map", "own-map-control"])
+def test_the_course_map_does_not_tell_the_learner_its_ple_table_was_offloaded_to_meta(own_map, tiny_path,
+                                                                                       monkeypatch, caplog):
+    """accelerate's dispatch_model logs OFFLOADED_TO_META for any "cpu" entry of a map on a GPU. With the course's map
+    load_model then takes the table back to the CPU and serves its rows (no meta, no hook), so the sentence is false
+    and stays out; a learner's own map keeps it, true for their entries (the control)."""
+    import logging
+
+    real = loading.models.auto_class_for
+
+    class LoggingLikeDispatch:  # a CPU machine never reaches dispatch_model's warning: say it where it would
+        def __init__(self, cls):
+            self.cls = cls
+
+        def from_pretrained(self, *args, **kwargs):
+            logging.getLogger("accelerate.big_modeling").warning(OFFLOADED_TO_META)
+            return self.cls.from_pretrained(*args, **kwargs)
+
+    monkeypatch.setattr(loading.models, "auto_class_for", lambda config: LoggingLikeDispatch(real(config)))
+    skeleton = loading.meta_model(loading.models.load_config(tiny_path))
+    own = loading.course_device_map(skeleton, "cpu", "cpu") if own_map else None
+    with caplog.at_level(logging.WARNING, logger="accelerate.big_modeling"):
+        model = loading.load_model("tiny", quant="bf16", ple="cpu", device="cpu", device_map=own)
+    assert model is not None
+    assert (OFFLOADED_TO_META in caplog.text) == own_map
