@@ -28,7 +28,7 @@ from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 from . import exact_cache, exact_layer, exact_nf4, exact_norm, exact_rotary, placement
 from .errors import InvalidChoiceError, NoRecordError, RecordFileError, TunedDecodeError, require_bool, require_choice, require_whole_number
 from .long_context import cache_argument, new_cache, require_prompt
-from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, silenced
+from .noise import CPU_ENTRY_IN_MAP, HOOKED_RECOMPILES, PROFILER_MARKS, PROFILER_ONE_CYCLE, native_lines_dropped, silenced
 from .quantization import QUANTS, quant_of
 from .weights import meta_model
 
@@ -907,7 +907,7 @@ def profile(run, trace_path, steps: int, device) -> ProfileSummary:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     trace_path = Path(trace_path)
     trace_path.parent.mkdir(parents=True, exist_ok=True)
-    with torch_profile(activities=activities) as prof:
+    with silenced(PROFILER_ONE_CYCLE), native_lines_dropped(PROFILER_MARKS), torch_profile(activities=activities) as prof:
         synchronize(device)
         began = time.perf_counter()
         run()

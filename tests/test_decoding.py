@@ -317,6 +317,20 @@ def test_a_profile_writes_a_chrome_trace_of_the_decode_a_learner_can_open(nf4, i
     assert summary.kernels == 0 and summary.device_busy_fraction is None  # no GPU here: nothing claimed about one
 
 
+def test_a_profile_prints_none_of_the_profilers_start_and_stop_marks_into_the_learners_cell(nf4, ids, tmp_path, capfd):
+    """torch 2.12 and later write "USDT: ... profiler_start" and "profiler_stop" to the process's stderr, which a
+    notebook shows in red; a bare torch profile in the same process is the control where this torch writes them."""
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile():
+        torch.ones(3).sum()
+    bare = capfd.readouterr().err
+    decoding.profile(lambda: decoding.plain_greedy(nf4, ids, 2), tmp_path / "decode.json", 2, "cpu")
+    assert "USDT:" not in capfd.readouterr().err
+    if Version(torch.__version__).release >= (2, 12):
+        assert "profiler_start" in bare  # the control: this torch writes the marks, so the filter above was tested
+
+
 @needs_ple_outside
 def test_the_decode_speed_route_records_what_the_benchmark_compares_on_the_cpu(nf4, tokenizer, tmp_path):
     """lab.measure._measure_decoding is what `make bench PRESET=decode-speed` runs on the GPU; on the CPU its records
