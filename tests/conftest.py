@@ -1,6 +1,8 @@
 """Test tiers: CPU tests always run; ``gpu`` tests skip without CUDA (see tests/gpu)."""
 
 import os
+import time
+import types
 
 import pytest
 
@@ -150,3 +152,25 @@ def ptx_for(kernel, signature: dict, constants: dict, fusion: bool = False, arch
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": fusion})
     assert compiled.asm["cubin"]  # ptxas took it for this architecture
     return compiled.asm["ptx"]
+
+
+class FakeNvml:
+    """NVML's sample buffer stood in for (tests/test_gpu_busy.py, tests/test_decoding.py): every call returns each
+    sample newer than the timestamp asked, one every STEP_US, all at ``percent``."""
+    NVML_GPU_UTILIZATION_SAMPLES = 1
+    STEP_US = 10_000  # a sample every 10 ms
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, percent: int):
+        self.percent, self.began = percent, time.time()
+
+    def nvmlDeviceGetSamples(self, handle, kind, last_seen):
+        now = time.time()
+        stamps = range(int(self.began * 1e6) + FakeNvml.STEP_US, int(now * 1e6), FakeNvml.STEP_US)
+        fresh = [types.SimpleNamespace(timeStamp=t, sampleValue=types.SimpleNamespace(uiVal=self.percent))
+                 for t in stamps if t > last_seen]
+        if not fresh:
+            raise self.NVMLError("not found")
+        return kind, fresh

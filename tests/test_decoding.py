@@ -485,7 +485,7 @@ def test_the_decode_measurement_samples_busy_beyond_its_timed_runs_without_timin
                                                                                                   tmp_path, monkeypatch):
     """On a GPU, lab.gpu_busy's sampler runs beside the timed decodes and asks for untimed ones until enough whole
     periods fell inside; here a sampler whose every period is 70% busy stands in for NVML."""
-    from test_gpu_busy import FakeNvml
+    from conftest import FakeNvml
 
     from lab import gpu_busy
 

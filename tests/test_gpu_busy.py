@@ -5,9 +5,9 @@ once each, however often it asks."""
 from __future__ import annotations
 
 import time
-import types
 
 import pytest
+from conftest import FakeNvml
 
 from lab import gpu_busy
 
@@ -42,26 +42,6 @@ def test_too_few_samples_inside_a_window_measure_nothing(samples, windows):
 
 def test_no_nvml_on_a_cpu_means_no_sampler():
     assert gpu_busy.Sampler.open("cpu") is None
-
-
-class FakeNvml:
-    """NVML's sample buffer: every call returns every sample newer than the timestamp asked, one per period."""
-    NVML_GPU_UTILIZATION_SAMPLES = 1
-
-    class NVMLError(Exception):
-        pass
-
-    def __init__(self, percent: int):
-        self.percent, self.began = percent, time.time()
-
-    def nvmlDeviceGetSamples(self, handle, kind, last_seen):
-        now = time.time()
-        stamps = range(int(self.began * 1e6) + PERIOD_US // 10, int(now * 1e6), PERIOD_US // 10)
-        fresh = [types.SimpleNamespace(timeStamp=t, sampleValue=types.SimpleNamespace(uiVal=self.percent))
-                 for t in stamps if t > last_seen]
-        if not fresh:
-            raise self.NVMLError("not found")
-        return kind, fresh
 
 
 def test_the_sampler_keeps_each_sample_once_and_measures_the_windows_it_was_told(monkeypatch):
