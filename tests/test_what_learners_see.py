@@ -278,3 +278,45 @@ def test_clearing_an_edited_cell_drops_the_progress_bars_only_its_outputs_showed
     cleared = nbformat.read(copy, as_version=4)
     assert len(RUN_COURSE.shown_widgets(cleared)) < len(RUN_COURSE.shown_widgets(nb))
     assert stale_output(cleared) == []
+
+
+def test_a_saved_progress_bar_reads_as_it_ended_in_a_viewer_without_widgets_not_as_it_began():
+    """tqdm writes a bar's plain text when the bar begins (0%); GitHub and other viewers without widgets show that.
+    The course run rewrites it from the bar's saved last state; a widget that is no bar keeps its text (the control)."""
+    nb = nbformat.v4.new_notebook()
+    state = {}
+
+    def bar(key, left, value, total, right, style=""):
+        state[f"{key}l"] = {"model_name": "HTMLModel", "state": {"_model_name": "HTMLModel", "value": left}}
+        state[f"{key}b"] = {"model_name": "FloatProgressModel", "state": {"_model_name": "FloatProgressModel",
+                                                                          "value": value, "max": total, "bar_style": style}}
+        state[f"{key}r"] = {"model_name": "HTMLModel", "state": {"_model_name": "HTMLModel", "value": right}}
+        state[key] = {"model_name": "HBoxModel", "state": {"_model_name": "HBoxModel", "children": [
+            f"IPY_MODEL_{key}l", f"IPY_MODEL_{key}b", f"IPY_MODEL_{key}r"]}}
+
+    bar("a1", "build\u2007tiny:\u200750%", 50.0, 100.0, "\u200750/100\u2007[00:01&lt;00:01]")
+    bar("b2", "", 1.0, 1.0, "Fetching:\u20073.00it\u2007[00:01]", style="info")  # tqdm, told no total
+    state["c3"] = {"model_name": "ButtonModel", "state": {"_model_name": "ButtonModel", "description": "Stop"}}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": state, "version_major": 2,
+                                                                           "version_minor": 0}}
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={
+        "text/plain": "began", "application/vnd.jupyter.widget-view+json": {"model_id": key, "version_major": 2,
+                                                                           "version_minor": 0}}) for key in ("a1", "b2", "c3")]
+    nb.cells.append(cell)
+    assert RUN_COURSE.settle_bar_text(nb) == 2
+    assert [o["data"]["text/plain"] for o in cell.outputs] == [
+        "build tiny: 50%|█████     | 50/100 [00:01<00:01]", "Fetching: 3.00it [00:01]", "began"]
+
+
+def test_a_real_tqdm_bar_saved_by_a_headless_run_began_at_zero_and_is_settled_at_its_end():
+    """The same with tqdm.auto itself in a kernel, as the course run executes notebooks."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("from tqdm.auto import tqdm\nfor _ in tqdm(range(5), desc='steps'):\n    pass")]
+    NotebookClient(nb, kernel_name="python3", timeout=120).execute()
+    (output,) = nb.cells[0].outputs
+    assert output["data"]["text/plain"].startswith("steps:   0%|          | 0/5")  # what tqdm left: the pitfall
+    assert RUN_COURSE.settle_bar_text(nb) == 1
+    assert output["data"]["text/plain"].startswith("steps: 100%|██████████| 5/5 [")

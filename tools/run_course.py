@@ -116,6 +116,7 @@ def run(notebook: Path, save_outputs: bool = False, course_run: dict | None = No
     except CellExecutionError as err:
         status, detail = "FAILED", str(err).strip().splitlines()[-1][:120]
     prune_widget_state(nb)
+    settle_bar_text(nb)
     BUILD.mkdir(exist_ok=True)
     nbformat.write(nb, BUILD / notebook.name)
     if save_outputs and status == "ok":
@@ -146,6 +147,39 @@ def prune_widget_state(nb) -> int:
     for model in stale:
         del state[model]
     return len(stale)
+
+
+PROGRESS_BARS = ("FloatProgressModel", "IntProgressModel")
+
+
+def settle_bar_text(nb) -> int:
+    """Give each progress bar's plain text the bar's last state, read from the saved widget state: what JupyterLab
+    draws. A viewer without widgets (GitHub, a terminal, nbconvert to text) shows that text, which tqdm wrote when the
+    bar began, at 0%. A bar of unknown length (tqdm's full "info" bar) keeps only its counts. Returns how many."""
+    import html
+
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+
+    def model(ref: str) -> dict:
+        return state.get(ref.removeprefix("IPY_MODEL_"), {}).get("state", {})
+
+    settled = 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            view = output.get("data", {}).get("application/vnd.jupyter.widget-view+json")
+            parts = [model(ref) for ref in model(view["model_id"]).get("children", [])] if view else []
+            if [part.get("_model_name") for part in parts] not in (["HTMLModel", bar, "HTMLModel"] for bar in PROGRESS_BARS):
+                continue
+            left, bar, right = parts
+            total, done = bar.get("max") or 0, bar.get("value") or 0
+            if bar.get("bar_style") == "info" and total == 1:  # tqdm's bar for a total it was not told
+                drawn = ""
+            else:
+                filled = round(10 * min(done / total, 1)) if total > 0 else 0
+                drawn = f"|{'█' * filled}{' ' * (10 - filled)}|"
+            output["data"]["text/plain"] = html.unescape(f"{left.get('value', '')}{drawn}{right.get('value', '')}").replace("\u2007", " ")
+            settled += 1
+    return settled
 
 
 COURSE_RUN_SCHEMA = 2  # 2: the machine (device, RAM, platform) is in each notebook's entry, not once per file
