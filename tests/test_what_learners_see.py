@@ -106,7 +106,7 @@ def test_the_card_table_fits_a_normal_window_and_says_each_card_once():
 
 
 def stale_output(nb) -> list:
-    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    state = RUN_COURSE.widget_state(nb)
     orphans = set(state) - RUN_COURSE.shown_widgets(nb)
     found = [f"{len(orphans)} widget(s) stored but shown by no output"] if orphans else []
     for cell in nb.cells:
@@ -281,7 +281,7 @@ def test_clearing_an_edited_cell_drops_the_progress_bars_only_its_outputs_showed
 
 
 def test_a_saved_progress_bar_reads_as_it_ended_in_a_viewer_without_widgets_not_as_it_began():
-    """tqdm writes a bar's plain text when the bar begins (0%); GitHub and other viewers without widgets show that.
+    """tqdm writes a bar's plain text when the bar begins (0%); a viewer that cannot draw the widget shows that.
     The course run rewrites it from the bar's saved last state; a widget that is no bar keeps its text (the control)."""
     nb = nbformat.v4.new_notebook()
     state = {}

@@ -127,9 +127,14 @@ def run(notebook: Path, save_outputs: bool = False, course_run: dict | None = No
     return status, time.perf_counter() - started, detail
 
 
+def widget_state(nb) -> dict:
+    """The notebook's saved widget models by id (empty where it saved none); edits to it are edits to the notebook."""
+    return nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+
+
 def shown_widgets(nb) -> set:
     """Widget models an output displays, with every model those refer to (children, layouts, styles)."""
-    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    state = widget_state(nb)
     todo = set(re.findall(r'"model_id": "([0-9a-f]+)"', json.dumps([c.get("outputs", []) for c in nb.cells])))
     seen = set()
     while todo:
@@ -142,7 +147,7 @@ def shown_widgets(nb) -> set:
 def prune_widget_state(nb) -> int:
     """Drop the stored state of widgets no output shows (progress bars of loads whose output was replaced, widgets
     closed by the cell that made them): JupyterLab would otherwise restore them as stale bars. Returns how many."""
-    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    state = widget_state(nb)
     stale = set(state) - shown_widgets(nb)
     for model in stale:
         del state[model]
@@ -154,11 +159,11 @@ PROGRESS_BARS = ("FloatProgressModel", "IntProgressModel")
 
 def settle_bar_text(nb) -> int:
     """Give each progress bar's plain text the bar's last state, read from the saved widget state: what JupyterLab
-    draws. A viewer without widgets (GitHub, a terminal, nbconvert to text) shows that text, which tqdm wrote when the
-    bar began, at 0%. A bar of unknown length (tqdm's full "info" bar) keeps only its counts. Returns how many."""
+    draws. A viewer that cannot draw the widget shows that text instead (VS Code's fallback, nbconvert to text), which
+    tqdm wrote when the bar began, at 0%. A bar of unknown length (tqdm's full "info" bar) keeps only its counts. Returns how many."""
     import html
 
-    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    state = widget_state(nb)
 
     def model(ref: str) -> dict:
         return state.get(ref.removeprefix("IPY_MODEL_"), {}).get("state", {})
