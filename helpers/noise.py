@@ -11,6 +11,8 @@ import sys
 import tempfile
 import warnings
 
+from .errors import InvalidChoiceError
+
 # (the logger that says it, the message) for each expected message
 # bitsandbytes' int8 matmul casts bf16 inputs to fp16 and logs it at every call (notebook 02)
 INT8_CAST = ("bitsandbytes.autograd._functions", r"MatMul8bitLt: inputs will be cast")
@@ -66,6 +68,9 @@ def silenced(*expected):
 def native_lines_dropped(prefix: str):
     """Drop the lines starting with ``prefix`` that native code writes to the process's stderr (file descriptor 2,
     which no Python filter sees) inside the block; every other line is written on to ``sys.stderr`` after it."""
+    if not isinstance(prefix, str) or not prefix:
+        raise InvalidChoiceError(f"prefix={prefix!r} is not the start of a line to drop; pass a non-empty string, "
+                                 f"e.g. noise.PROFILER_MARKS.")
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as caught:

@@ -61,3 +61,13 @@ def test_the_profilers_one_cycle_warning_is_dropped_and_another_profiler_warning
             warnings.warn("Profiler found no CUDA kernels", UserWarning, stacklevel=1)
         warnings.warn(one_cycle, UserWarning, stacklevel=1)  # the control: outside the block it shows
     assert [str(w.message) for w in shown] == ["Profiler found no CUDA kernels", one_cycle]
+
+
+def test_a_native_filter_with_no_prefix_is_refused_in_one_sentence_before_stderr_is_touched():
+    import pytest
+
+    from helpers.errors import CourseError
+
+    for prefix in ("", None, b"USDT:"):
+        with pytest.raises(CourseError, match="non-empty string"), noise.native_lines_dropped(prefix):
+            pass
